@@ -1,0 +1,91 @@
+// What every CUDA file shares: the element type, error checks, and small device helpers.
+//
+// floatX is the type of parameters, activations and gradients: bf16 by default, fp32 with -DENABLE_FP32 (the
+// exact tie-out build). Accumulation, softmax statistics, optimizer state and master weights are always fp32.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "utils.h"
+
+#if defined(ENABLE_FP32)
+typedef float floatX;
+#define PRECISION_NAME "fp32"
+#else
+typedef __nv_bfloat16 floatX;
+#define PRECISION_NAME "bf16"
+#endif
+
+inline void cuda_check(cudaError_t err, const char* file, int line) {
+    if (err != cudaSuccess) {
+        fprintf(stderr, "CUDA error: %s (%s) [%s:%d]\n", cudaGetErrorString(err), cudaGetErrorName(err), file, line);
+        fail_exit();
+    }
+}
+#define cudaCheck(err) cuda_check((err), __FILE__, __LINE__)
+
+// After a kernel launch: catches bad launch configurations at once (asynchronous faults surface at the next sync).
+#define cudaCheckLaunch() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
+
+template <typename T>
+__host__ __device__ constexpr T ceil_div(T a, T b) {
+    return (a + b - 1) / b;
+}
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+    return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+// Sum over the 32 lanes of a warp; every lane gets the result.
+__device__ __forceinline__ float warp_reduce_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
+    return v;
+}
+__device__ __forceinline__ float warp_reduce_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
+    return v;
+}
+
+// Sum over a block whose size is a multiple of 32 (at most 1024); every thread gets the result. `scratch` holds 32
+// floats of shared memory; the function syncs before reusing it so it can be called back to back.
+__device__ __forceinline__ float block_reduce_sum(float v, float* scratch) {
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    v = warp_reduce_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? scratch[lane] : 0.0f;
+    return warp_reduce_sum(v);
+}
+
+// RAII device buffer: freed when it goes out of scope.
+template <typename T>
+struct DeviceBuffer {
+    T* ptr = nullptr;
+    size_t count = 0;
+    DeviceBuffer() = default;
+    explicit DeviceBuffer(size_t n) : count(n) { cudaCheck(cudaMalloc(&ptr, n * sizeof(T))); }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr; o.count = 0; }
+    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+        if (this != &o) { if (ptr) cudaFree(ptr); ptr = o.ptr; count = o.count; o.ptr = nullptr; o.count = 0; }
+        return *this;
+    }
+    ~DeviceBuffer() { if (ptr) cudaFree(ptr); }
+    size_t bytes() const { return count * sizeof(T); }
+};
