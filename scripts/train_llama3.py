@@ -1,0 +1,469 @@
+"""
+The PyTorch reference for this project: a plain Llama 3 (Meta's architecture, our checkpoint layout), random init
+from a seed, checkpoint and debug-state writers, and a small training loop.
+
+The reference math is fp32 with TF32 off. Two things are chosen so the C++ side can match it bit for bit where it
+can: the RoPE tables are computed in float64 and rounded once to fp32, and the parameters are stored fused exactly
+as the checkpoint stores them (wqkv = [wq; wk; wv], w13 = [w1; w3]).
+
+Examples:
+  # debug state for the C/CUDA tie-out (model in fp32 and bf16, logits, loss, grads, 10 AdamW steps)
+  python scripts/train_llama3.py --config test-gqa --batch_size 2 --seq_len 13 --steps 10 \
+      --write_model out/model.bin --write_debug out/debug.bin
+  # train on token shards with bf16 autocast and torch.compile
+  python scripts/train_llama3.py --config d12 --input_bin "data/tinyshakespeare/*_train.bin" \
+      --batch_size 16 --seq_len 1024 --steps 50 --dtype bfloat16 --compile 1
+"""
+
+import argparse
+import glob
+import math
+import os
+import struct
+import sys
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+CHECKPOINT_MAGIC = 20261121
+CHECKPOINT_VERSION = 1
+DEBUG_MAGIC = 20261122
+DEBUG_VERSION = 1
+SHARD_MAGIC = 20240801
+SHARD_VERSION = 7
+HEADER_SLOTS = 64
+
+
+@dataclass
+class Llama3Config:
+    vocab_size: int = 128256
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int = 8
+    ffn_hidden: int = 14336
+    max_seq_len: int = 8192
+    tied_embeddings: int = 0
+    use_rope_scaling: int = 0
+    rope_original_max_seq_len: int = 0
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_scaling_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+
+    @property
+    def head_dim(self):
+        return self.dim // self.n_heads
+
+
+LLAMA3_SCALED = dict(vocab_size=128256, max_seq_len=8192, use_rope_scaling=1, rope_original_max_seq_len=8192,
+                     rope_theta=500000.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0)
+NAMED_CONFIGS = {
+    "llama3.1-8B": Llama3Config(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_hidden=14336, tied_embeddings=0,
+                                rope_scaling_factor=8.0, **LLAMA3_SCALED),
+    "llama3.2-1B": Llama3Config(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_hidden=8192, tied_embeddings=1,
+                                rope_scaling_factor=32.0, **LLAMA3_SCALED),
+    "llama3.2-3B": Llama3Config(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_hidden=8192, tied_embeddings=1,
+                                rope_scaling_factor=32.0, **LLAMA3_SCALED),
+    # Tiny test configs: sizes not multiples of 32, GQA groups of 3 and 4, tied/untied, RoPE scaling off/on
+    # (original length 32 with theta 10000 puts the head_dim-8 frequencies in all three scaling bands).
+    "test-gqa": Llama3Config(vocab_size=259, dim=48, n_layers=2, n_heads=6, n_kv_heads=2, ffn_hidden=88,
+                             max_seq_len=64, tied_embeddings=0),
+    "test-tied": Llama3Config(vocab_size=211, dim=32, n_layers=2, n_heads=4, n_kv_heads=1, ffn_hidden=72,
+                              max_seq_len=64, tied_embeddings=1, use_rope_scaling=1, rope_original_max_seq_len=32,
+                              rope_theta=10000.0, rope_scaling_factor=32.0),
+}
+
+
+def config_from_name(name, depth=0):
+    """Named config, or 'dN': dim 64N, N layers, N heads, the largest kv-head count <= N/3 dividing N,
+    FFN 8/3 dim rounded up to 256, no RoPE scaling (the same rule as llmc/checkpoint.h)."""
+    if name in NAMED_CONFIGS:
+        config = NAMED_CONFIGS[name]
+    elif len(name) >= 2 and name[0] == "d" and name[1:].isdigit() and int(name[1:]) >= 1:
+        n = int(name[1:])
+        kv = next((k for k in range(n // 3, 0, -1) if n % k == 0), 1)
+        dim = 64 * n
+        config = Llama3Config(vocab_size=128256, dim=dim, n_layers=n, n_heads=n, n_kv_heads=kv,
+                              ffn_hidden=(8 * dim // 3 + 255) // 256 * 256, max_seq_len=2048)
+    else:
+        raise SystemExit(f"error: unknown config '{name}' (known: {', '.join(NAMED_CONFIGS)}, dN)")
+    if depth > 0:
+        config = replace(config, n_layers=min(depth, config.n_layers))
+    return config
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The model
+
+
+def rope_tables(config, seq_len):
+    """cos, sin of shape (seq_len, head_dim/2): angles in float64, then rounded to fp32 once."""
+    hd = config.head_dim
+    freqs = 1.0 / (config.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    if config.use_rope_scaling:
+        old_len = float(config.rope_original_max_seq_len)
+        low_wavelen = old_len / config.rope_low_freq_factor
+        high_wavelen = old_len / config.rope_high_freq_factor
+        scaled = []
+        for freq in freqs:
+            wavelen = 2.0 * math.pi / freq
+            if wavelen < high_wavelen:
+                scaled.append(freq)
+            elif wavelen > low_wavelen:
+                scaled.append(freq / config.rope_scaling_factor)
+            else:
+                smooth = (old_len / wavelen - config.rope_low_freq_factor) / (
+                    config.rope_high_freq_factor - config.rope_low_freq_factor)
+                scaled.append((1.0 - smooth) * freq / config.rope_scaling_factor + smooth * freq)
+        freqs = np.array(scaled, dtype=np.float64)
+    angles = np.outer(np.arange(seq_len, dtype=np.float64), freqs)
+    return torch.from_numpy(np.cos(angles).astype(np.float32)), torch.from_numpy(np.sin(angles).astype(np.float32))
+
+
+def apply_rope(x, cos, sin):
+    """x: (B, T, n, hd); rotates interleaved pairs (2i, 2i+1) by the position's angle."""
+    x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+    return out.type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        hd = config.head_dim
+        self.attn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.wqkv = nn.Linear(config.dim, (config.n_heads + 2 * config.n_kv_heads) * hd, bias=False)
+        self.wo = nn.Linear(config.n_heads * hd, config.dim, bias=False)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.w13 = nn.Linear(config.dim, 2 * config.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=False)
+
+    def forward(self, x, cos, sin):
+        c = self.config
+        B, T, _ = x.shape
+        hd = c.head_dim
+        qkv = self.wqkv(self.attn_norm(x))
+        q, k, v = qkv.split([c.n_heads * hd, c.n_kv_heads * hd, c.n_kv_heads * hd], dim=-1)
+        q = apply_rope(q.view(B, T, c.n_heads, hd), cos, sin).transpose(1, 2)
+        k = apply_rope(k.view(B, T, c.n_kv_heads, hd), cos, sin).transpose(1, 2)
+        v = v.view(B, T, c.n_kv_heads, hd).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=c.n_kv_heads != c.n_heads)
+        x = x + self.wo(y.transpose(1, 2).reshape(B, T, c.n_heads * hd))
+        gate, up = self.w13(self.ffn_norm(x)).chunk(2, dim=-1)
+        return x + self.w2(F.silu(gate) * up)
+
+
+class Llama3(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.tok_embedding = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.final_norm = RMSNorm(config.dim, config.norm_eps)
+        self.lm_head = None if config.tied_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
+        cos, sin = rope_tables(config, config.max_seq_len)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def init_weights(self, seed):
+        """N(0, 0.02) for matrices, with the residual projections (wo, w2) scaled by 1/sqrt(2L); norms at 1."""
+        gen = torch.Generator().manual_seed(seed)
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if p.dim() == 1:
+                    p.fill_(1.0)
+                else:
+                    std = residual_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+    def forward(self, idx, targets=None):
+        T = idx.shape[1]
+        x = self.tok_embedding(idx)
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        x = self.final_norm(x)
+        head = self.tok_embedding.weight if self.lm_head is None else self.lm_head.weight
+        logits = F.linear(x, head)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+    def tensors_in_file_order(self):
+        """(name, tensor) in checkpoint order: each per-layer tensor stacked over the layers."""
+        stack = lambda get: torch.stack([get(layer) for layer in self.layers])
+        out = [
+            ("tok_embedding", self.tok_embedding.weight),
+            ("attn_norm", stack(lambda l: l.attn_norm.weight)),
+            ("wqkv", stack(lambda l: l.wqkv.weight)),
+            ("wo", stack(lambda l: l.wo.weight)),
+            ("ffn_norm", stack(lambda l: l.ffn_norm.weight)),
+            ("w13", stack(lambda l: l.w13.weight)),
+            ("w2", stack(lambda l: l.w2.weight)),
+            ("final_norm", self.final_norm.weight),
+        ]
+        if self.lm_head is not None:
+            out.append(("lm_head", self.lm_head.weight))
+        return out
+
+    def grads_in_file_order(self):
+        stack = lambda get: torch.stack([get(layer).grad for layer in self.layers])
+        out = [
+            self.tok_embedding.weight.grad,
+            stack(lambda l: l.attn_norm.weight), stack(lambda l: l.wqkv.weight), stack(lambda l: l.wo.weight),
+            stack(lambda l: l.ffn_norm.weight), stack(lambda l: l.w13.weight), stack(lambda l: l.w2.weight),
+            self.final_norm.weight.grad,
+        ]
+        if self.lm_head is not None:
+            out.append(self.lm_head.weight.grad)
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Files
+
+
+def config_header(config, dtype_code):
+    h = np.zeros(HEADER_SLOTS, dtype=np.int32)
+    h[0:13] = [CHECKPOINT_MAGIC, CHECKPOINT_VERSION, dtype_code, config.vocab_size, config.dim, config.n_layers,
+               config.n_heads, config.n_kv_heads, config.ffn_hidden, config.max_seq_len, config.tied_embeddings,
+               config.use_rope_scaling, config.rope_original_max_seq_len]
+    floats = np.array([config.norm_eps, config.rope_theta, config.rope_scaling_factor, config.rope_low_freq_factor,
+                       config.rope_high_freq_factor], dtype=np.float32)
+    h[13:18] = floats.view(np.int32)
+    return h
+
+
+def write_atomic(path, chunks):
+    """Writes byte chunks to path.tmp, then renames, so a crash never leaves a half-written file at path."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_model(model, path, dtype):
+    """dtype 'float32' or 'bfloat16'."""
+    code = 0 if dtype == "float32" else 1
+    chunks = [config_header(model.config, code).tobytes()]
+    for _, t in model.tensors_in_file_order():
+        t = t.detach().cpu()
+        if code == 0:
+            chunks.append(t.float().numpy().tobytes())
+        else:
+            chunks.append(t.bfloat16().view(torch.int16).numpy().tobytes())
+    write_atomic(path, chunks)
+
+
+def read_model(path):
+    with open(path, "rb") as f:
+        h = np.frombuffer(f.read(HEADER_SLOTS * 4), dtype=np.int32)
+        if len(h) != HEADER_SLOTS or h[0] != CHECKPOINT_MAGIC or h[1] != CHECKPOINT_VERSION:
+            raise SystemExit(f"error: '{path}' is not a version {CHECKPOINT_VERSION} Llama 3 checkpoint")
+        f32 = h[13:18].view(np.float32)
+        config = Llama3Config(vocab_size=int(h[3]), dim=int(h[4]), n_layers=int(h[5]), n_heads=int(h[6]),
+                              n_kv_heads=int(h[7]), ffn_hidden=int(h[8]), max_seq_len=int(h[9]),
+                              tied_embeddings=int(h[10]), use_rope_scaling=int(h[11]),
+                              rope_original_max_seq_len=int(h[12]), norm_eps=float(f32[0]),
+                              rope_theta=float(f32[1]), rope_scaling_factor=float(f32[2]),
+                              rope_low_freq_factor=float(f32[3]), rope_high_freq_factor=float(f32[4]))
+        model = Llama3(config)
+        raw = f.read()
+    dtype = np.float32 if h[2] == 0 else np.int16
+    offset = 0
+    with torch.no_grad():
+        for name, t in model.tensors_in_file_order():
+            n = t.numel()
+            chunk = np.frombuffer(raw, dtype=dtype, count=n, offset=offset)
+            offset += n * chunk.itemsize
+            value = torch.from_numpy(chunk.copy())
+            value = value.view(torch.bfloat16).float() if h[2] == 1 else value
+            assign_stacked(model, name, value.view(t.shape))
+    if offset != len(raw):
+        raise SystemExit(f"error: '{path}' has {len(raw) - offset} bytes beyond its tensors")
+    return model
+
+
+def assign_stacked(model, name, value):
+    if name in ("tok_embedding", "final_norm", "lm_head"):
+        getattr(model, name).weight.copy_(value)
+        return
+    for i, layer in enumerate(model.layers):
+        getattr(layer, name).weight.copy_(value[i])
+
+
+def write_debug_state(path, model, inputs, targets, logits, loss, grads, step_losses, step_norms, hp):
+    B, T = inputs.shape
+    h = np.zeros(HEADER_SLOTS, dtype=np.int32)
+    h[0:6] = [DEBUG_MAGIC, DEBUG_VERSION, B, T, model.config.vocab_size, len(step_losses)]
+    h[8:14] = np.array([hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.grad_clip], dtype=np.float32).view(
+        np.int32)
+    f32 = lambda t: t.detach().cpu().float().numpy().astype(np.float32).tobytes()
+    chunks = [h.tobytes(), inputs.cpu().numpy().astype(np.int32).tobytes(),
+              targets.cpu().numpy().astype(np.int32).tobytes(), f32(logits), f32(loss.reshape(1))]
+    chunks += [f32(g) for g in grads]
+    chunks += [np.array(step_losses, dtype=np.float32).tobytes(), np.array(step_norms, dtype=np.float32).tobytes()]
+    write_atomic(path, chunks)
+
+
+def load_tokens(pattern):
+    """All tokens of the llm.c-format shards matching pattern, concatenated."""
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise SystemExit(f"error: no token shards match '{pattern}'")
+    parts = []
+    for path in files:
+        header = np.fromfile(path, dtype=np.int32, count=256)
+        if len(header) < 256 or header[0] != SHARD_MAGIC or header[1] != SHARD_VERSION:
+            raise SystemExit(f"error: '{path}' is not a version {SHARD_VERSION} token shard")
+        tokens = np.fromfile(path, dtype=np.uint32, offset=1024)
+        if len(tokens) != header[2]:
+            raise SystemExit(f"error: '{path}' holds {len(tokens)} tokens, its header says {header[2]}")
+        parts.append(tokens)
+    return np.concatenate(parts).astype(np.int64)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training
+
+
+def make_optimizer(model, hp, device):
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    gains = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": matrices, "weight_decay": hp.weight_decay}, {"params": gains, "weight_decay": 0.0}]
+    fused = device.startswith("cuda")
+    return torch.optim.AdamW(groups, lr=hp.lr, betas=(hp.beta1, hp.beta2), eps=hp.eps, fused=fused)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="d12", help="llama3.1-8B, llama3.2-1B, llama3.2-3B, dN, test-gqa, test-tied")
+    parser.add_argument("--depth", type=int, default=0, help="keep only the first N layers (0: all)")
+    parser.add_argument("--model", default="", help="start from this checkpoint instead of a random init")
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--input_bin", default="", help="token shard glob; random tokens when empty")
+    parser.add_argument("--batch_size", "-B", type=int, default=4)
+    parser.add_argument("--seq_len", "-T", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--beta1", type=float, default=0.9)
+    parser.add_argument("--beta2", type=float, default=0.95)
+    parser.add_argument("--eps", type=float, default=1e-8)
+    parser.add_argument("--weight_decay", type=float, default=0.1)
+    parser.add_argument("--grad_clip", type=float, default=1.0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="bfloat16 = autocast with fp32 master weights")
+    parser.add_argument("--compile", type=int, default=0)
+    parser.add_argument("--write_model", default="", help="write the initial model here (fp32) and *_bf16.bin")
+    parser.add_argument("--write_debug", default="", help="write the debug state here (trains on one fixed batch)")
+    args = parser.parse_args()
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(args.seed)
+
+    model = read_model(args.model) if args.model else Llama3(config_from_name(args.config, args.depth))
+    if not args.model:
+        model.init_weights(args.seed)
+    config = model.config
+    B, T = args.batch_size, args.seq_len
+    if not 1 <= T <= config.max_seq_len:
+        raise SystemExit(f"error: --seq_len {T} not in [1, max_seq_len {config.max_seq_len}]")
+    if B < 1 or args.steps < 0:
+        raise SystemExit("error: --batch_size must be >= 1 and --steps >= 0")
+
+    if args.write_model:
+        write_model(model, args.write_model, "float32")
+        write_model(model, args.write_model.replace(".bin", "") + "_bf16.bin", "bfloat16")
+
+    if args.input_bin:
+        tokens = torch.from_numpy(load_tokens(args.input_bin))
+        if len(tokens) < B * T + 1:
+            raise SystemExit(f"error: '{args.input_bin}' has {len(tokens)} tokens, need {B * T + 1} for one batch")
+        if int(tokens.max()) >= config.vocab_size:
+            raise SystemExit(f"error: token id {int(tokens.max())} >= vocab size {config.vocab_size}")
+    else:
+        gen = torch.Generator().manual_seed(args.seed + 1)
+        tokens = torch.randint(0, config.vocab_size, (B * T * max(1, args.steps) + 1,), generator=gen)
+
+    device = args.device
+    model = model.to(device)
+    hp = args
+    optimizer = make_optimizer(model, hp, device)
+    autocast = torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
+                              enabled=args.dtype == "bfloat16")
+    forward = torch.compile(model) if args.compile else model
+
+    def batch(step):
+        if args.write_debug:
+            step = 0  # the debug state overfits one fixed batch
+        start = (step * B * T) % (len(tokens) - B * T)
+        chunk = tokens[start:start + B * T + 1]
+        return chunk[:-1].view(B, T).to(device), chunk[1:].view(B, T).to(device)
+
+    step_losses, step_norms, times = [], [], []
+    for step in range(args.steps):
+        inputs, targets = batch(step)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with autocast:
+            logits, loss = forward(inputs, targets)
+        loss.backward()
+        if step == 0 and args.write_debug:
+            first = (inputs, targets, logits.detach().float(), loss.detach(),
+                     [g.detach().clone() for g in model.grads_in_file_order()])
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        step_losses.append(loss.item())
+        step_norms.append(norm.item())
+        print(f"step {step + 1:4d}/{args.steps} | loss {loss.item():.6f} | norm {norm.item():.4f} | "
+              f"{dt * 1000:.1f} ms | {B * T / dt:.0f} tok/s", flush=True)
+
+    if len(times) > 1:
+        steady = sorted(times[min(3, len(times) - 1):])
+        median = steady[len(steady) // 2]
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else 0.0
+        print(f"median step {median * 1000:.1f} ms | {B * T / median:.0f} tok/s | peak memory {peak:.2f} GiB")
+
+    if args.write_debug:
+        if args.steps < 1:
+            raise SystemExit("error: --write_debug needs --steps >= 1")
+        inputs, targets, logits, loss, grads = first
+        write_debug_state(args.write_debug, model, inputs, targets, logits, loss, grads, step_losses, step_norms, hp)
+        print(f"wrote debug state {args.write_debug}")
+
+
+if __name__ == "__main__":
+    main()
