@@ -3,6 +3,7 @@
 // a trainer that silently continues on a short read would train on garbage.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

@@ -1,0 +1,169 @@
+"""
+GPU tests: the CUDA trainer against the PyTorch reference, resume determinism, bad flags, and compute-sanitizer.
+Skipped when no GPU is present (CI has none); `make test` runs them on a GPU machine.
+
+They build train_llama3cu / test_llama3cu in both precisions into a temporary directory and write the debug states
+with scripts/train_llama3.py (PyTorch with CUDA) for:
+  - test-gqa (GQA group 3, separate lm_head, V=259) and test-tied (MQA, tied, RoPE scaling): the fixtures' configs
+  - llama3.2-1B at depth 2 (the real widths: dim 2048, 32 heads, 8 kv heads, vocab 128256, tied, RoPE scaling x32)
+"""
+
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def have_gpu():
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        return out.returncode == 0 and "GPU" in out.stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+pytestmark = pytest.mark.skipif(not have_gpu(), reason="no GPU on this machine")
+
+
+def run(cmd, timeout=900, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw)
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """Binaries for both precisions: {'FP32': {'train': path, 'test': path}, 'BF16': {...}}."""
+    out = tmp_path_factory.mktemp("bin")
+    bins = {}
+    for precision in ("FP32", "BF16"):
+        result = run(["make", "-B", "train_llama3cu", "test_llama3cu", f"PRECISION={precision}"])
+        assert result.returncode == 0, result.stdout + result.stderr
+        bins[precision] = {}
+        for name in ("train", "test"):
+            dst = out / f"{name}_llama3cu_{precision}"
+            shutil.copy(os.path.join(ROOT, f"{name}_llama3cu"), dst)
+            bins[precision][name] = str(dst)
+    return bins
+
+
+DEBUG_CASES = {
+    "test-gqa": ["--config", "test-gqa", "-B", "2", "-T", "13", "--lr", "3e-3"],
+    "test-tied": ["--config", "test-tied", "-B", "3", "-T", "19", "--lr", "3e-3", "--grad_clip", "0.5"],
+    "llama3.2-1B-d2": ["--config", "llama3.2-1B", "--depth", "2", "-B", "2", "-T", "64", "--lr", "1e-4"],
+}
+
+
+@pytest.fixture(scope="module")
+def debug_states(tmp_path_factory):
+    out = tmp_path_factory.mktemp("debug")
+    states = {}
+    for name, args in DEBUG_CASES.items():
+        model, debug = out / f"{name}_model.bin", out / f"{name}_debug.bin"
+        result = run(["python3", "scripts/train_llama3.py", *args, "--steps", "10", "--device", "cuda",
+                      "--write_model", str(model), "--write_debug", str(debug)])
+        assert result.returncode == 0, result.stdout + result.stderr
+        states[name] = (str(model), str(debug))
+    return states
+
+
+@pytest.mark.parametrize("precision", ["FP32", "BF16"])
+@pytest.mark.parametrize("case", sorted(DEBUG_CASES))
+def test_tie_out(build, debug_states, precision, case):
+    model, debug = debug_states[case]
+    result = run([build[precision]["test"], model, debug])
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all checks passed" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def small_run_inputs(tmp_path_factory):
+    """A test-gqa checkpoint and random token shards (ids < 259) for trainer runs."""
+    out = tmp_path_factory.mktemp("run")
+    model = out / "model.bin"
+    result = run(["python3", "scripts/train_llama3.py", "--config", "test-gqa", "--steps", "0", "--device", "cpu",
+                  "--write_model", str(model)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 40000), ("val", 5000)):
+        header = np.zeros(256, dtype=np.int32)
+        header[:3] = [20240801, 7, count]
+        tokens = rng.integers(0, 259, size=count, dtype=np.uint32)
+        with open(out / f"tok_{split}.bin", "wb") as f:
+            f.write(header.tobytes())
+            f.write(tokens.tobytes())
+    return out
+
+
+def train_cmd(binary, inputs, out_dir, steps, *extra):
+    return [binary, "-e", str(inputs / "model.bin"), "-i", str(inputs / "tok_train.bin"),
+            "-j", str(inputs / "tok_val.bin"), "-o", str(out_dir), "-b", "4", "-t", "32", "-g", "256",
+            "-x", str(steps), "-l", "1e-3", "-u", "2", "-v", "5", "-m", "4", "-n", "5", *extra]
+
+
+def losses(stdout):
+    return re.findall(r"step +(\d+)/\d+ \| loss (\S+) \| norm (\S+)", stdout)
+
+
+@pytest.mark.parametrize("precision", ["FP32", "BF16"])
+def test_resume_is_bit_identical(build, small_run_inputs, tmp_path, precision):
+    train = build[precision]["train"]
+    # a constant schedule, so the run cut short at step 6 follows the same lr as the full one
+    cmd = lambda name, *extra: train_cmd(train, small_run_inputs, tmp_path / name, 12, "-k", "constant", *extra)
+    full = run(cmd("full"))
+    assert full.returncode == 0, full.stdout + full.stderr
+    part = run(cmd("part", "-x", "6"))
+    assert part.returncode == 0, part.stdout + part.stderr
+    resumed = run(cmd("part", "-y", "1"))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    full_losses = losses(full.stdout)
+    assert len(full_losses) == 12
+    resumed_losses = losses(resumed.stdout)
+    assert [l[0] for l in resumed_losses] == [str(i) for i in range(7, 13)]
+    assert resumed_losses == full_losses[6:], (resumed.stdout, full.stdout)
+    # the same seed and flags give the same run
+    again = run(cmd("again"))
+    assert losses(again.stdout) == full_losses
+
+
+def test_checkpoints_kept_and_atomic(build, small_run_inputs, tmp_path):
+    result = run(train_cmd(build["BF16"]["train"], small_run_inputs, tmp_path / "ck", 15, "-n", "3", "-r", "2"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    names = sorted(os.listdir(tmp_path / "ck"))
+    assert names == ["log.txt", "model_00000012.bin", "model_00000015.bin", "state_00000012.bin",
+                     "state_00000015.bin"], names
+
+
+BAD_FLAGS = {
+    "T above max_seq_len": (["-t", "65"], "max_seq_len"),
+    "batch not dividing": (["-g", "100"], "multiple"),
+    "negative batch": (["-b", "-1"], "-b"),
+    "unknown schedule": (["-k", "zigzag"], "-k"),
+    "unknown flag": (["-Q", "1"], "-Q"),
+    "not a number": (["-l", "fast"], "-l"),
+    "model disagrees with config": (["-c", "d12"], "disagrees"),
+    "no shards": (["-i", "/nonexistent/*.bin"], "/nonexistent"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FLAGS))
+def test_bad_flags_rejected(build, small_run_inputs, tmp_path, case):
+    extra, word = BAD_FLAGS[case]
+    result = run(train_cmd(build["BF16"]["train"], small_run_inputs, tmp_path / "bad", 2, *extra))
+    assert result.returncode != 0
+    assert word in result.stderr, result.stderr
+
+
+def test_compute_sanitizer_memcheck(build, small_run_inputs, tmp_path):
+    sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    if not os.path.exists(sanitizer):
+        pytest.skip("compute-sanitizer not installed")
+    cmd = [sanitizer, "--tool", "memcheck", "--error-exitcode", "9",
+           *train_cmd(build["BF16"]["train"], small_run_inputs, tmp_path / "san", 3, "-n", "0")]
+    result = run(cmd, timeout=1200)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "ERROR SUMMARY: 0 errors" in result.stdout + result.stderr

@@ -1,0 +1,129 @@
+// Ties the CUDA trainer out against a debug state written by scripts/train_llama3.py (fp32 PyTorch, TF32 off):
+// logits, loss, the gradient of every parameter tensor, and the loss and grad norm of each AdamW step.
+//
+//   make test_llama3cu PRECISION=FP32 && ./test_llama3cu model.bin debug.bin
+//
+// Tolerances, per tensor, with max_rel = max |got - ref| / max |ref| and rel_norm = ||got - ref|| / ||ref||:
+//   FP32 build: everything is fp32 with different summation orders and fast-math exp/rsqrt (a few ulps per op):
+//     logits and gradients max_rel <= 1e-4 and rel_norm <= 1e-5; losses |diff| <= 1e-5 (5e-5 after 5 steps);
+//     grad norms relative 1e-4.
+//   BF16 build: every activation, weight and gradient is rounded to bf16 (unit roundoff u = 2^-9 = 1.95e-3).
+//     Independent roundings add in quadrature, so k roundings along a path give about sqrt(k) u: a forward of a
+//     few layers has k ~ 20-30 (norm, matmul, rope, attention, swiglu, residual per layer), the backward about
+//     twice that. Bounds: logits rel_norm <= 2e-2 (~10 u), gradients rel_norm <= 5e-2 (~25 u); max_rel, which one
+//     unlucky element decides, only as a sanity bound (1e-1 logits, 2e-1 gradients);
+//     losses |diff| <= 2e-2 at step 1 (the loss is a mean: its error is far below the per-logit one), and
+//     <= 5e-2 over the steps (bf16 stochastic-rounded weights drift from the fp32 trajectory); grad norms relative 5e-2.
+// Exits 1 if any check fails.
+#define TESTING
+#include "train_llama3.cu"
+
+#include "llmc/debug_state.h"
+
+#if defined(ENABLE_FP32)
+constexpr double LOGITS_MAX_REL = 1e-4, LOGITS_REL_NORM = 1e-5, GRAD_MAX_REL = 1e-4, GRAD_REL_NORM = 1e-5;
+constexpr double LOSS_TOL = 1e-5, STEP_LOSS_TOL = 5e-5, NORM_REL_TOL = 1e-4;
+#else
+constexpr double LOGITS_MAX_REL = 1e-1, LOGITS_REL_NORM = 2e-2, GRAD_MAX_REL = 2e-1, GRAD_REL_NORM = 5e-2;
+constexpr double LOSS_TOL = 2e-2, STEP_LOSS_TOL = 5e-2, NORM_REL_TOL = 5e-2;
+#endif
+
+static int failures = 0;
+
+static void check_tensor(const char* name, const float* got, const float* ref, size_t n, double max_rel_tol,
+                         double rel_norm_tol) {
+    TensorError e = tensor_error(got, ref, n);
+    bool ok = e.finite && e.max_rel <= max_rel_tol && e.rel_norm <= rel_norm_tol;
+    printf("%-14s max_rel %.2e  rel_norm %.2e  (worst [%zu]: got %.8g ref %.8g)  %s\n", name, e.max_rel, e.rel_norm,
+           e.worst, got[e.worst], ref[e.worst], ok ? "OK" : "FAIL");
+    if (!ok) failures++;
+}
+
+static void check_scalar(const char* name, float got, float ref, double abs_tol, double rel_tol) {
+    double diff = fabs((double)got - ref);
+    bool ok = std::isfinite(got) && (diff <= abs_tol || diff <= rel_tol * fabs(ref));
+    printf("%-14s got %.8f ref %.8f  diff %.2e  %s\n", name, got, ref, diff, ok ? "OK" : "FAIL");
+    if (!ok) failures++;
+}
+
+template <typename T>
+static std::vector<float> to_host_floats(const T* device, size_t n) {
+    std::vector<T> raw(n);
+    cudaCheck(cudaMemcpy(raw.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return std::vector<float>(raw.begin(), raw.end());
+}
+
+int main(int argc, char** argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s model.bin debug.bin\n", argv[0]);
+        return 2;
+    }
+    int device_count = 0;
+    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+        fprintf(stderr, "Error: no CUDA GPU available; test_llama3cu needs one\n");
+        return 1;
+    }
+    Llama3 model;
+    cudaCheck(cudaStreamCreate(&model.stream));
+    matmul_init(model.stream);
+    model.load(argv[1]);
+    const Llama3Config& c = model.config;
+    DebugState ref = load_debug_state(argv[2], c);
+    int N = ref.B * ref.T;
+    model.allocate_activations(ref.B, ref.T);
+    if (model.classifier_chunk < N) {
+        fprintf(stderr, "Error: B*T=%d rows exceed one classifier chunk (%d): use a smaller debug batch\n", N,
+                model.classifier_chunk);
+        return 1;
+    }
+    printf("[%s] model %s: V=%d C=%d L=%d H=%d KV=%d F=%d tied=%d rope_scaling=%d | B=%d T=%d steps=%d\n",
+           PRECISION_NAME, argv[1], c.vocab_size, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.ffn_hidden,
+           c.tied_embeddings, c.use_rope_scaling, ref.B, ref.T, ref.n_steps);
+
+    // forward without gradients: the logits stay in the chunk buffer
+    model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 0.0f);
+    float loss = model.mean_loss(N);
+    std::vector<float> logits = to_host_floats(model.acts.logits.ptr, (size_t)N * c.vocab_size);
+    check_tensor("logits", logits.data(), ref.logits.data(), logits.size(), LOGITS_MAX_REL, LOGITS_REL_NORM);
+    check_scalar("loss", loss, ref.loss, LOSS_TOL, 0.0);
+
+    // forward + backward: every parameter gradient
+    model.zero_grad();
+    model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 1.0f / N);
+    model.backward(ref.B, ref.T);
+    std::vector<float> grads = to_host_floats(model.grads.ptr, model.num_params);
+    ParamLayout layout = param_layout(c);
+    size_t offset = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        if (layout.sizes[t] == 0) continue;
+        std::string name = std::string("d") + layout.names[t];
+        check_tensor(name.c_str(), grads.data() + offset, ref.grads.data() + offset, layout.sizes[t], GRAD_MAX_REL,
+                     GRAD_REL_NORM);
+        offset += layout.sizes[t];
+    }
+
+    // the AdamW steps on the same batch (step 1 reuses the gradients above)
+    for (int step = 1; step <= ref.n_steps; step++) {
+        if (step > 1) {
+            model.zero_grad();
+            model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 1.0f / N);
+            model.backward(ref.B, ref.T);
+        }
+        float step_loss = model.mean_loss(N);
+        float norm = model.grad_norm();
+        float scale = ref.grad_clip > 0.0f ? std::min(1.0f, ref.grad_clip / (norm + 1e-6f)) : 1.0f;
+        model.update(ref.lr, ref.beta1, ref.beta2, ref.eps, ref.weight_decay, scale, step, 1337u);
+        char name[32];
+        snprintf(name, sizeof(name), "step %d loss", step);
+        check_scalar(name, step_loss, ref.step_losses[step - 1], step <= 5 ? LOSS_TOL : STEP_LOSS_TOL, 0.0);
+        snprintf(name, sizeof(name), "step %d norm", step);
+        check_scalar(name, norm, ref.step_norms[step - 1], 0.0, NORM_REL_TOL);
+    }
+    matmul_destroy();
+    if (failures > 0) {
+        printf("FAILED: %d check(s)\n", failures);
+        return 1;
+    }
+    printf("all checks passed\n");
+    return 0;
+}
