@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -20,6 +21,21 @@ constexpr double DEFAULT_TOLERANCE = 1e-2;
 #endif
 
 static int g_failures = 0;
+
+// First call in every benchmark's main: without a usable GPU, say so and exit non-zero rather than fail later with
+// a confusing error (or, worse, "pass" with nothing validated). Prints the device so logs say what was measured.
+inline void require_gpu(const char* program) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        fprintf(stderr, "%s: no usable CUDA device (%s); this benchmark needs a GPU\n", program,
+                err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0");
+        fail_exit();
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("%s: %s, sm_%d%d, precision %s\n", program, prop.name, prop.major, prop.minor, PRECISION_NAME);
+}
 
 inline std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
     std::mt19937_64 rng(seed);
@@ -69,6 +85,26 @@ inline std::vector<float> host_from_device(const T* d, size_t n) {
     return out;
 }
 
+// Uniform values in [-scale, scale) from a hash of (seed, index), generated on the device: for the large timing
+// inputs, where drawing hundreds of millions of normals on the host would take longer than the benchmark.
+template <typename T>
+__global__ void fill_uniform_kernel(T* d, size_t n, uint32_t seed, float scale) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 0x9e3779b9u ^ (uint32_t)(i >> 32) * 0x85ebca6bu ^ seed * 0xc2b2ae35u;
+        x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+        d[i] = (T)(scale * ((float)(x >> 8) * (2.0f / 16777216.0f) - 1.0f));
+    }
+}
+template <typename T>
+inline T* device_random(size_t n, uint32_t seed, float scale = 1.0f) {
+    T* d;
+    cudaCheck(cudaMalloc(&d, std::max<size_t>(1, n) * sizeof(T)));
+    fill_uniform_kernel<T><<<1024, 256>>>(d, n, seed, scale);
+    cudaCheckLaunch();
+    cudaCheck(cudaDeviceSynchronize());
+    return d;
+}
+
 // Fills a device buffer with NaN bytes (0xFF) so any element a kernel forgets to write fails validation.
 inline void poison(void* d, size_t bytes) { cudaCheck(cudaMemset(d, 0xFF, bytes)); }
 
@@ -90,6 +126,25 @@ inline bool validate(const char* name, const std::vector<float>& gpu, const std:
            ok ? "OK" : "FAIL");
     if (!ok) g_failures++;
     return ok;
+}
+
+// Determinism check: two runs of a kernel that promises bit-identical results must match byte for byte.
+template <typename T>
+inline bool validate_bitwise(const char* name, const T* d_a, const T* d_b, size_t n) {
+    std::vector<T> a(n), b(n);
+    cudaCheck(cudaMemcpy(a.data(), d_a, n * sizeof(T), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(b.data(), d_b, n * sizeof(T), cudaMemcpyDeviceToHost));
+    size_t mismatches = 0;
+    for (size_t i = 0; i < n; i++) mismatches += memcmp(&a[i], &b[i], sizeof(T)) != 0;
+    bool ok = mismatches == 0;
+    printf("  %-28s bitwise mismatches %zu / %zu  %s\n", name, mismatches, n, ok ? "OK" : "FAIL");
+    if (!ok) g_failures++;
+    return ok;
+}
+
+// Prints one timing line: time and effective bandwidth from the bytes the kernel must move (read + written).
+inline void report_bandwidth(const char* name, float ms, double bytes) {
+    printf("  %-28s %8.4f ms  %8.1f GB/s\n", name, ms, bytes / (ms * 1e-3) / 1e9);
 }
 
 // Median time in ms of `repeats` runs of `launch`, after warm-up, measured with CUDA events.

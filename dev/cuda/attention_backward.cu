@@ -1,0 +1,238 @@
+// Causal GQA attention backward: validation against a CPU reference, a determinism check, and timing.
+//
+//   inputs:  qkv (B, T, (H + 2 KV) hd), out (B, T, H hd), dout (B, T, H hd), lse (B, H, T) fp32
+//   output:  dqkv (B, T, (H + 2 KV) hd), every element overwritten
+//   P_ij = exp(s_ij - lse_i), s_ij = q_i . k_j / sqrt(hd) (j <= i);  D_i = dout_i . out_i
+//   dS_ij = P_ij (dout_i . v_j - D_i);  dq_i = sum_j dS_ij k_j / sqrt(hd);  dk_j = sum_i dS_ij q_i / sqrt(hd);
+//   dv_j = sum_i P_ij dout_i   (dk, dv also summed over the query heads of a kv head's group)
+//
+// The inputs out and lse come from the CPU forward (out rounded through floatX), so the backward is tested alone;
+// the reference uses the same rounded out for D, as the GPU does. fp64 accumulation throughout.
+// Version 1 is llmc/attention.cuh.
+//
+// Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
+// Run:   ./attention_backward [version]
+#include "common.h"
+
+#include "../../llmc/attention.cuh"
+
+// ---------------------------------------------------------------------------------------------------------------
+// CPU reference
+
+static void attention_forward_cpu(std::vector<float>& out, std::vector<float>& lse, const std::vector<float>& qkv,
+                                  int B, int T, int H, int KV, int hd) {
+    const size_t qkv_stride = (size_t)(H + 2 * KV) * hd, out_stride = (size_t)H * hd;
+    const double scale = 1.0 / std::sqrt((double)hd);
+    out.assign((size_t)B * T * out_stride, 0.0f);
+    lse.assign((size_t)B * H * T, 0.0f);
+    std::vector<double> s(T), o(hd);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            const int kvh = h / (H / KV);
+            for (int i = 0; i < T; i++) {
+                const float* q = &qkv[((size_t)b * T + i) * qkv_stride + (size_t)h * hd];
+                double max_s = -INFINITY;
+                for (int j = 0; j <= i; j++) {
+                    const float* k = &qkv[((size_t)b * T + j) * qkv_stride + (size_t)(H + kvh) * hd];
+                    double dot = 0.0;
+                    for (int d = 0; d < hd; d++) dot += (double)q[d] * k[d];
+                    s[j] = dot * scale;
+                    max_s = std::max(max_s, s[j]);
+                }
+                double sum = 0.0;
+                for (int j = 0; j <= i; j++) sum += std::exp(s[j] - max_s);
+                const double row_lse = max_s + std::log(sum);
+                std::fill(o.begin(), o.end(), 0.0);
+                for (int j = 0; j <= i; j++) {
+                    const double p = std::exp(s[j] - row_lse);
+                    const float* v = &qkv[((size_t)b * T + j) * qkv_stride + (size_t)(H + KV + kvh) * hd];
+                    for (int d = 0; d < hd; d++) o[d] += p * v[d];
+                }
+                for (int d = 0; d < hd; d++) out[((size_t)b * T + i) * out_stride + (size_t)h * hd + d] = (float)o[d];
+                lse[((size_t)b * H + h) * T + i] = (float)row_lse;
+            }
+        }
+    }
+}
+
+// dqkv from qkv, out (as the GPU sees it), dout. Recomputes the softmax in fp64.
+static void attention_backward_cpu(std::vector<float>& dqkv, const std::vector<float>& qkv,
+                                   const std::vector<float>& out, const std::vector<float>& dout, int B, int T, int H,
+                                   int KV, int hd) {
+    const size_t qkv_stride = (size_t)(H + 2 * KV) * hd, out_stride = (size_t)H * hd;
+    const double scale = 1.0 / std::sqrt((double)hd);
+    std::vector<double> acc((size_t)B * T * qkv_stride, 0.0);
+    std::vector<double> p(T), ds(T);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            const int kvh = h / (H / KV);
+            auto q_at = [&](int t) { return &qkv[((size_t)b * T + t) * qkv_stride + (size_t)h * hd]; };
+            auto k_at = [&](int t) { return &qkv[((size_t)b * T + t) * qkv_stride + (size_t)(H + kvh) * hd]; };
+            auto v_at = [&](int t) { return &qkv[((size_t)b * T + t) * qkv_stride + (size_t)(H + KV + kvh) * hd]; };
+            for (int i = 0; i < T; i++) {
+                const float* q = q_at(i);
+                const float* o = &out[((size_t)b * T + i) * out_stride + (size_t)h * hd];
+                const float* dO = &dout[((size_t)b * T + i) * out_stride + (size_t)h * hd];
+                double max_s = -INFINITY;
+                for (int j = 0; j <= i; j++) {
+                    double dot = 0.0;
+                    for (int d = 0; d < hd; d++) dot += (double)q[d] * k_at(j)[d];
+                    p[j] = dot * scale;
+                    max_s = std::max(max_s, p[j]);
+                }
+                double sum = 0.0;
+                for (int j = 0; j <= i; j++) sum += std::exp(p[j] - max_s);
+                for (int j = 0; j <= i; j++) p[j] = std::exp(p[j] - max_s) / sum;
+                double D = 0.0;
+                for (int d = 0; d < hd; d++) D += (double)dO[d] * o[d];
+                for (int j = 0; j <= i; j++) {
+                    double dp = 0.0;
+                    for (int d = 0; d < hd; d++) dp += (double)dO[d] * v_at(j)[d];
+                    ds[j] = p[j] * (dp - D);
+                }
+                double* dq = &acc[((size_t)b * T + i) * qkv_stride + (size_t)h * hd];
+                for (int j = 0; j <= i; j++) {
+                    double* dk = &acc[((size_t)b * T + j) * qkv_stride + (size_t)(H + kvh) * hd];
+                    double* dv = &acc[((size_t)b * T + j) * qkv_stride + (size_t)(H + KV + kvh) * hd];
+                    const float* k = k_at(j);
+                    for (int d = 0; d < hd; d++) {
+                        dq[d] += ds[j] * scale * k[d];
+                        dk[d] += ds[j] * scale * q[d];
+                        dv[d] += p[j] * dO[d];
+                    }
+                }
+            }
+        }
+    }
+    dqkv.resize(acc.size());
+    for (size_t i = 0; i < acc.size(); i++) dqkv[i] = (float)acc[i];
+}
+
+// Splits a (B, T, (H + 2 KV) hd) tensor into its query, key and value parts, each (B, T, heads * hd).
+static void split_qkv(const std::vector<float>& x, int B, int T, int H, int KV, int hd, std::vector<float>& q,
+                      std::vector<float>& k, std::vector<float>& v) {
+    const size_t stride = (size_t)(H + 2 * KV) * hd, nq = (size_t)H * hd, nk = (size_t)KV * hd;
+    q.clear(); k.clear(); v.clear();
+    for (size_t t = 0; t < (size_t)B * T; t++) {
+        const float* row = &x[t * stride];
+        q.insert(q.end(), row, row + nq);
+        k.insert(k.end(), row + nq, row + nq + nk);
+        v.insert(v.end(), row + nq + nk, row + stride);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// GPU versions
+
+static void attention_backward_gpu(int version, floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
+                                   const floatX* out, const float* lse, int B, int T, int H, int KV, int hd) {
+    switch (version) {
+        case 1: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
+        default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
+    }
+}
+
+struct Shape {
+    int B, T, H, KV, hd;
+};
+
+static void validate_shape(int version, const Shape& sh, uint64_t seed) {
+    const int B = sh.B, T = sh.T, H = sh.H, KV = sh.KV, hd = sh.hd;
+    const size_t n_qkv = (size_t)B * T * (H + 2 * KV) * hd, n_out = (size_t)B * T * H * hd, n_lse = (size_t)B * H * T;
+    printf("B=%d T=%d H=%d KV=%d hd=%d\n", B, T, H, KV, hd);
+    std::vector<float> qkv = round_to_floatX(random_floats(n_qkv, seed, 1.5f));
+    std::vector<float> dout = round_to_floatX(random_floats(n_out, seed + 1000, 1.0f));
+    std::vector<float> out, lse;
+    attention_forward_cpu(out, lse, qkv, B, T, H, KV, hd);
+    out = round_to_floatX(out);  // what the GPU forward would have stored
+    std::vector<float> dqkv_ref;
+    attention_backward_cpu(dqkv_ref, qkv, out, dout, B, T, H, KV, hd);
+
+    floatX* d_qkv = device_from_host<floatX>(qkv);
+    floatX* d_out = device_from_host<floatX>(out);
+    floatX* d_dout = device_from_host<floatX>(dout);
+    float* d_lse = device_from_host<float>(lse);
+    floatX* d_dqkv;
+    float* d_delta;
+    cudaCheck(cudaMalloc(&d_dqkv, n_qkv * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_delta, n_lse * sizeof(float)));
+
+    poison(d_dqkv, n_qkv * sizeof(floatX));
+    poison(d_delta, n_lse * sizeof(float));
+    attention_backward_gpu(version, d_dqkv, d_delta, d_dout, d_qkv, d_out, d_lse, B, T, H, KV, hd);
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<float> dqkv = host_from_device(d_dqkv, n_qkv);
+    std::vector<float> dq, dk, dv, dq_ref, dk_ref, dv_ref;
+    split_qkv(dqkv, B, T, H, KV, hd, dq, dk, dv);
+    split_qkv(dqkv_ref, B, T, H, KV, hd, dq_ref, dk_ref, dv_ref);
+    validate("dq", dq, dq_ref);
+    validate("dk", dk, dk_ref);
+    validate("dv", dv, dv_ref);
+
+    // Determinism: a second run into a freshly poisoned buffer must match the first bit for bit.
+    floatX* d_dqkv2;
+    cudaCheck(cudaMalloc(&d_dqkv2, n_qkv * sizeof(floatX)));
+    poison(d_dqkv2, n_qkv * sizeof(floatX));
+    attention_backward_gpu(version, d_dqkv2, d_delta, d_dout, d_qkv, d_out, d_lse, B, T, H, KV, hd);
+    cudaCheck(cudaDeviceSynchronize());
+    validate_bitwise("dqkv rerun", d_dqkv, d_dqkv2, n_qkv);
+    cudaCheck(cudaFree(d_dqkv2));
+
+    cudaCheck(cudaFree(d_qkv));
+    cudaCheck(cudaFree(d_out));
+    cudaCheck(cudaFree(d_dout));
+    cudaCheck(cudaFree(d_lse));
+    cudaCheck(cudaFree(d_dqkv));
+    cudaCheck(cudaFree(d_delta));
+}
+
+static void time_shape(int version, const Shape& sh) {
+    const int B = sh.B, T = sh.T, H = sh.H, KV = sh.KV, hd = sh.hd;
+    const size_t n_qkv = (size_t)B * T * (H + 2 * KV) * hd, n_out = (size_t)B * T * H * hd, n_lse = (size_t)B * H * T;
+    floatX* d_qkv = device_random<floatX>(n_qkv, 1234, 2.0f);  // uniform [-2, 2): about unit variance
+    floatX* d_dout = device_random<floatX>(n_out, 5678, 1.0f);
+    floatX *d_out, *d_dqkv;
+    float *d_lse, *d_delta;
+    cudaCheck(cudaMalloc(&d_out, n_out * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_dqkv, n_qkv * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_lse, n_lse * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_delta, n_lse * sizeof(float)));
+    attention_forward(d_out, d_lse, d_qkv, B, T, H, KV, hd, 0);  // realistic out and lse
+    float ms = benchmark_ms(10, [&] {
+        attention_backward_gpu(version, d_dqkv, d_delta, d_dout, d_qkv, d_out, d_lse, B, T, H, KV, hd);
+    });
+    // Convention: backward = 2.5 x the causal forward's 2 B H T^2 hd flops.
+    const double flops = 2.5 * 2.0 * B * H * (double)T * T * hd;
+    printf("  B=%d H=%d KV=%d T=%d hd=%d: %8.3f ms  %7.2f TFLOP/s\n", B, H, KV, T, hd, ms, flops / (ms * 1e-3) / 1e12);
+    cudaCheck(cudaFree(d_qkv));
+    cudaCheck(cudaFree(d_dout));
+    cudaCheck(cudaFree(d_out));
+    cudaCheck(cudaFree(d_dqkv));
+    cudaCheck(cudaFree(d_lse));
+    cudaCheck(cudaFree(d_delta));
+}
+
+int main(int argc, char** argv) {
+    require_gpu(argv[0]);  // clear message and exit 1 without a GPU
+    const int version = argc > 1 ? atoi(argv[1]) : 1;
+    printf("attention_backward version %d (%s)\n", version, PRECISION_NAME);
+
+    // T not a multiple of the tiles (64 fixed rows, 32 streamed), group sizes 1, 4, 8, head dims 16, 64, 128.
+    uint64_t seed = 7;
+    for (int T : {13, 100, 257}) {
+        for (int KV : {8, 2, 1}) {
+            for (int hd : {16, 64, 128}) validate_shape(version, {2, T, 8, KV, hd}, seed++);
+        }
+    }
+    // Edges: a single token, an exact tile, one past it, a head dim that is neither 64 nor 128, a tiny head dim.
+    validate_shape(version, {2, 1, 4, 2, 64}, seed++);
+    validate_shape(version, {2, 64, 4, 1, 32}, seed++);
+    validate_shape(version, {2, 65, 4, 4, 100}, seed++);
+    validate_shape(version, {1, 130, 2, 1, 8}, seed++);
+
+    printf("timing\n");
+    time_shape(version, {4, 2048, 32, 8, 64});
+    time_shape(version, {2, 4096, 32, 8, 128});
+    time_shape(version, {1, 8192, 32, 8, 128});
+    return finish(argv[0]);
+}

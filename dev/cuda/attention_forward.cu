@@ -1,0 +1,137 @@
+// Causal GQA attention forward: validation against a CPU reference and timing.
+//
+//   qkv (B, T, (H + 2 KV) hd)  ->  out (B, T, H hd), lse (B, H, T) fp32
+//   s_ij = q_i . k_j / sqrt(hd) for j <= i;  lse_i = log sum_j exp(s_ij);  out_i = sum_j exp(s_ij - lse_i) v_j
+//
+// The CPU reference accumulates in fp64 and materialises each score row (fine at the small T validated here).
+// Version 1 is llmc/attention.cuh (flash-style tiled CUDA-core kernel, online softmax).
+//
+// Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_forward.cu
+// Run:   ./attention_forward [version]
+#include "common.h"
+
+#include "../../llmc/attention.cuh"
+
+// ---------------------------------------------------------------------------------------------------------------
+// CPU reference
+
+static void attention_forward_cpu(std::vector<float>& out, std::vector<float>& lse, const std::vector<float>& qkv,
+                                  int B, int T, int H, int KV, int hd) {
+    const size_t qkv_stride = (size_t)(H + 2 * KV) * hd, out_stride = (size_t)H * hd;
+    const double scale = 1.0 / std::sqrt((double)hd);
+    out.assign((size_t)B * T * out_stride, 0.0f);
+    lse.assign((size_t)B * H * T, 0.0f);
+    std::vector<double> s(T), o(hd);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            const int kvh = h / (H / KV);
+            for (int i = 0; i < T; i++) {
+                const float* q = &qkv[((size_t)b * T + i) * qkv_stride + (size_t)h * hd];
+                double max_s = -INFINITY;
+                for (int j = 0; j <= i; j++) {
+                    const float* k = &qkv[((size_t)b * T + j) * qkv_stride + (size_t)(H + kvh) * hd];
+                    double dot = 0.0;
+                    for (int d = 0; d < hd; d++) dot += (double)q[d] * k[d];
+                    s[j] = dot * scale;
+                    max_s = std::max(max_s, s[j]);
+                }
+                double sum = 0.0;
+                for (int j = 0; j <= i; j++) sum += std::exp(s[j] - max_s);
+                const double row_lse = max_s + std::log(sum);
+                std::fill(o.begin(), o.end(), 0.0);
+                for (int j = 0; j <= i; j++) {
+                    const double p = std::exp(s[j] - row_lse);
+                    const float* v = &qkv[((size_t)b * T + j) * qkv_stride + (size_t)(H + KV + kvh) * hd];
+                    for (int d = 0; d < hd; d++) o[d] += p * v[d];
+                }
+                for (int d = 0; d < hd; d++) out[((size_t)b * T + i) * out_stride + (size_t)h * hd + d] = (float)o[d];
+                lse[((size_t)b * H + h) * T + i] = (float)row_lse;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// GPU versions
+
+static void attention_forward_gpu(int version, floatX* out, float* lse, const floatX* qkv, int B, int T, int H,
+                                  int KV, int hd) {
+    switch (version) {
+        case 1: attention_forward(out, lse, qkv, B, T, H, KV, hd, 0); break;
+        default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
+    }
+}
+
+struct Shape {
+    int B, T, H, KV, hd;
+};
+
+static void validate_shape(int version, const Shape& sh, uint64_t seed) {
+    const size_t n_qkv = (size_t)sh.B * sh.T * (sh.H + 2 * sh.KV) * sh.hd;
+    const size_t n_out = (size_t)sh.B * sh.T * sh.H * sh.hd, n_lse = (size_t)sh.B * sh.H * sh.T;
+    printf("B=%d T=%d H=%d KV=%d hd=%d\n", sh.B, sh.T, sh.H, sh.KV, sh.hd);
+    // Scale 1.5 makes the softmax peakier than scale 1 would, exercising the running-max rescaling.
+    std::vector<float> qkv = round_to_floatX(random_floats(n_qkv, seed, 1.5f));
+    std::vector<float> out_ref, lse_ref;
+    attention_forward_cpu(out_ref, lse_ref, qkv, sh.B, sh.T, sh.H, sh.KV, sh.hd);
+
+    floatX* d_qkv = device_from_host<floatX>(qkv);
+    floatX* d_out;
+    float* d_lse;
+    cudaCheck(cudaMalloc(&d_out, n_out * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_lse, n_lse * sizeof(float)));
+    poison(d_out, n_out * sizeof(floatX));
+    poison(d_lse, n_lse * sizeof(float));
+    attention_forward_gpu(version, d_out, d_lse, d_qkv, sh.B, sh.T, sh.H, sh.KV, sh.hd);
+    cudaCheck(cudaDeviceSynchronize());
+    validate("out", host_from_device(d_out, n_out), out_ref);
+    validate("lse", host_from_device(d_lse, n_lse), lse_ref);
+    cudaCheck(cudaFree(d_qkv));
+    cudaCheck(cudaFree(d_out));
+    cudaCheck(cudaFree(d_lse));
+}
+
+static void time_shape(int version, const Shape& sh) {
+    const size_t n_qkv = (size_t)sh.B * sh.T * (sh.H + 2 * sh.KV) * sh.hd;
+    const size_t n_out = (size_t)sh.B * sh.T * sh.H * sh.hd, n_lse = (size_t)sh.B * sh.H * sh.T;
+    floatX* d_qkv = device_random<floatX>(n_qkv, 1234, 2.0f);  // uniform [-2, 2): about unit variance
+    floatX* d_out;
+    float* d_lse;
+    cudaCheck(cudaMalloc(&d_out, n_out * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_lse, n_lse * sizeof(float)));
+    float ms = benchmark_ms(10, [&] {
+        attention_forward_gpu(version, d_out, d_lse, d_qkv, sh.B, sh.T, sh.H, sh.KV, sh.hd);
+    });
+    // Causal: half of the 2 matmuls (QK^T, PV) of 2 B H T^2 hd flops each.
+    const double flops = 2.0 * sh.B * sh.H * (double)sh.T * sh.T * sh.hd;
+    printf("  B=%d H=%d KV=%d T=%d hd=%d: %8.3f ms  %7.2f TFLOP/s\n", sh.B, sh.H, sh.KV, sh.T, sh.hd, ms,
+           flops / (ms * 1e-3) / 1e12);
+    cudaCheck(cudaFree(d_qkv));
+    cudaCheck(cudaFree(d_out));
+    cudaCheck(cudaFree(d_lse));
+}
+
+int main(int argc, char** argv) {
+    require_gpu(argv[0]);  // clear message and exit 1 without a GPU
+    const int version = argc > 1 ? atoi(argv[1]) : 1;
+    printf("attention_forward version %d (%s)\n", version, PRECISION_NAME);
+
+    // T not a multiple of the tiles (64 queries, 32 keys), group sizes 1, 4, 8, head dims 16, 64, 128.
+    uint64_t seed = 42;
+    for (int T : {13, 100, 257}) {
+        for (int KV : {8, 2, 1}) {
+            for (int hd : {16, 64, 128}) validate_shape(version, {2, T, 8, KV, hd}, seed++);
+        }
+    }
+    // Edges: a single token, an exact tile, one past it, a head dim that is neither 64 nor 128, a tiny head dim.
+    validate_shape(version, {2, 1, 4, 2, 64}, seed++);
+    validate_shape(version, {2, 64, 4, 1, 32}, seed++);
+    validate_shape(version, {2, 65, 4, 4, 100}, seed++);
+    validate_shape(version, {1, 130, 2, 1, 8}, seed++);
+
+    printf("timing\n");
+    time_shape(version, {4, 2048, 32, 8, 64});
+    time_shape(version, {2, 4096, 32, 8, 128});
+    time_shape(version, {1, 8192, 32, 8, 128});
+    return finish(argv[0]);
+}

@@ -1,0 +1,103 @@
+// Fused softmax + cross-entropy + dlogits (in place on floatX logits), validated against a CPU reference in double
+// and timed.
+//
+//   losses[n] = logsumexp(x[n, :]) - x[n, target[n]]        (0 where target < 0)
+//   dlogits[n, :] = (softmax(x[n, :]) - onehot(target[n])) * dloss       (0 where target < 0)
+//
+// version 1 = llmc/fused_classifier.cuh. Odd V (259, 1003) makes every other row start misaligned, exercising the
+// scalar head and tail around the 16-byte body; V = 128256 is Llama 3's vocabulary; V = 1 and V = 7 are shorter
+// than one vector. Some targets are -1 (ignored). Logits are scaled so the softmax is far from uniform.
+//
+// build: make -C dev/cuda bin/fused_classifier   run: dev/cuda/bin/fused_classifier
+#include "common.h"
+#include "../../llmc/fused_classifier.cuh"
+
+static void cpu_classifier(std::vector<float>& losses, std::vector<float>& dlogits, const std::vector<float>& logits,
+                           const std::vector<int>& targets, float dloss, int N, int V) {
+    for (int n = 0; n < N; n++) {
+        const float* x = &logits[(size_t)n * V];
+        float* d = &dlogits[(size_t)n * V];
+        int t = targets[n];
+        if (t < 0) {
+            losses[n] = 0.0f;
+            for (int i = 0; i < V; i++) d[i] = 0.0f;
+            continue;
+        }
+        double m = x[0];
+        for (int i = 1; i < V; i++) m = std::max(m, (double)x[i]);
+        double s = 0.0;
+        for (int i = 0; i < V; i++) s += std::exp(x[i] - m);
+        losses[n] = (float)(std::log(s) + m - x[t]);
+        for (int i = 0; i < V; i++) d[i] = (float)((std::exp(x[i] - m) / s - (i == t ? 1.0 : 0.0)) * dloss);
+    }
+}
+
+static void test_case(int N, int V, uint64_t seed) {
+    printf("N=%d V=%d\n", N, V);
+    size_t NV = (size_t)N * V;
+    std::vector<float> logits = round_to_floatX(random_floats(NV, seed, 3.0f));
+    std::vector<int> targets = random_ints(N, V, seed + 1);
+    for (int n = 2; n < N; n += 5) targets[n] = -1;  // ignored positions
+    float dloss = 1.0f / N;
+    std::vector<float> ref_loss(N), ref_dlogits(NV);
+    cpu_classifier(ref_loss, ref_dlogits, logits, targets, dloss, N, V);
+
+    int* d_targets;
+    cudaCheck(cudaMalloc(&d_targets, N * sizeof(int)));
+    cudaCheck(cudaMemcpy(d_targets, targets.data(), N * sizeof(int), cudaMemcpyHostToDevice));
+    float* d_losses;
+    cudaCheck(cudaMalloc(&d_losses, N * sizeof(float)));
+
+    // loss only: the logits must be left exactly as they were
+    floatX* d_logits = device_from_host<floatX>(logits);
+    floatX* d_logits_orig = device_from_host<floatX>(logits);
+    poison(d_losses, N * sizeof(float));
+    fused_classifier(d_logits, d_losses, dloss, d_targets, N, V, false, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    validate("losses (no dlogits)", host_from_device(d_losses, N), ref_loss);
+    validate_bitwise("logits untouched", d_logits, d_logits_orig, NV);
+
+    // loss and dlogits in place
+    poison(d_losses, N * sizeof(float));
+    fused_classifier(d_logits, d_losses, dloss, d_targets, N, V, true, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    validate("losses", host_from_device(d_losses, N), ref_loss);
+    validate("dlogits", host_from_device(d_logits, NV), ref_dlogits);
+
+    cudaCheck(cudaFree(d_targets));
+    cudaCheck(cudaFree(d_losses));
+    cudaCheck(cudaFree(d_logits));
+    cudaCheck(cudaFree(d_logits_orig));
+}
+
+int main(int argc, char** argv) {
+    (void)argc;
+    require_gpu(argv[0]);
+    test_case(37, 259, 1);
+    test_case(37, 1003, 2);
+    test_case(13, 128256, 3);
+    test_case(9, 7, 4);
+    test_case(4, 1, 5);
+    test_case(16, 2048, 6);
+
+    // timing: N = 2048 rows of Llama 3's vocabulary
+    int N = 2048, V = 128256;
+    printf("timing N=%d V=%d\n", N, V);
+    size_t NV = (size_t)N * V;
+    floatX* d_logits = device_random<floatX>(NV, 9);
+    std::vector<int> targets = random_ints(N, V, 10);
+    int* d_targets;
+    cudaCheck(cudaMalloc(&d_targets, N * sizeof(int)));
+    cudaCheck(cudaMemcpy(d_targets, targets.data(), N * sizeof(int), cudaMemcpyHostToDevice));
+    float* d_losses;
+    cudaCheck(cudaMalloc(&d_losses, N * sizeof(float)));
+    // minimum traffic: read the logits once, write the dlogits once (pass 2's re-read is partly served by L2)
+    float ms = benchmark_ms(20, [&] { fused_classifier(d_logits, d_losses, 1.0f / N, d_targets, N, V, true, 0); });
+    report_bandwidth("loss + dlogits", ms, 2.0 * NV * sizeof(floatX));
+    ms = benchmark_ms(20, [&] { fused_classifier(d_logits, d_losses, 1.0f / N, d_targets, N, V, false, 0); });
+    report_bandwidth("loss only", ms, 1.0 * NV * sizeof(floatX));
+    cudaCheck(cudaFree(d_logits));
+    cudaCheck(cudaFree(d_targets));
+    cudaCheck(cudaFree(d_losses));
+    return finish(argv[0]);
+}

@@ -1,0 +1,198 @@
+// Linear-layer matmuls (llmc/matmul.cuh, cuBLASLt): validation against a CPU reference and timing.
+//
+//   forward   out (N, OC)      = inp (N, C) @ weight (OC, C)^T     overwrite
+//   backward  dinp (N, C)      = dout (N, OC) @ weight (OC, C)     overwrite (skipped for nullptr)
+//             dweight (OC, C) += dout (N, OC)^T @ inp (N, C)       accumulate (skipped for nullptr)
+//
+// The CPU reference accumulates in fp64 over inputs rounded through floatX. The fp32 build must match to ~1e-6,
+// which also proves TF32 is off (TF32 would miss by ~1e-3). Version 1 is llmc/matmul.cuh.
+//
+// Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] matmul.cu -lcublasLt -lcublas
+// Run:   ./matmul [version]
+#include "common.h"
+
+#include "../../llmc/matmul.cuh"
+
+// ---------------------------------------------------------------------------------------------------------------
+// CPU reference. `rows` restricts the output rows computed (out, dinp: rows of N; dweight: rows of OC); the others
+// are left at zero and not compared.
+
+static void matmul_forward_cpu(std::vector<float>& out, const std::vector<float>& inp, const std::vector<float>& w,
+                               int C, int OC, const std::vector<int>& rows) {
+    for (int n : rows) {
+        for (int o = 0; o < OC; o++) {
+            double acc = 0.0;
+            for (int c = 0; c < C; c++) acc += (double)inp[(size_t)n * C + c] * w[(size_t)o * C + c];
+            out[(size_t)n * OC + o] = (float)acc;
+        }
+    }
+}
+
+static void matmul_dinp_cpu(std::vector<float>& dinp, const std::vector<float>& dout, const std::vector<float>& w,
+                            int C, int OC, const std::vector<int>& rows) {
+    std::vector<double> acc(C);
+    for (int n : rows) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int o = 0; o < OC; o++) {
+            const double g = dout[(size_t)n * OC + o];
+            for (int c = 0; c < C; c++) acc[c] += g * w[(size_t)o * C + c];
+        }
+        for (int c = 0; c < C; c++) dinp[(size_t)n * C + c] = (float)acc[c];
+    }
+}
+
+// dweight_prod[o] = sum_n dout[n][o] inp[n]   (the product alone; the test adds the initial value)
+static void matmul_dweight_cpu(std::vector<double>& prod, const std::vector<float>& dout,
+                               const std::vector<float>& inp, int N, int C, int OC, const std::vector<int>& rows) {
+    std::vector<double> acc(C);
+    for (int o : rows) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int n = 0; n < N; n++) {
+            const double g = dout[(size_t)n * OC + o];
+            for (int c = 0; c < C; c++) acc[c] += g * inp[(size_t)n * C + c];
+        }
+        std::copy(acc.begin(), acc.end(), prod.begin() + (size_t)o * C);
+    }
+}
+
+static std::vector<int> all_rows(int n) {
+    std::vector<int> r(n);
+    for (int i = 0; i < n; i++) r[i] = i;
+    return r;
+}
+
+// Keeps only the listed rows (of width `width`) of a row-major matrix, concatenated: for sampled comparisons.
+static std::vector<float> take_rows(const std::vector<float>& x, int width, const std::vector<int>& rows) {
+    std::vector<float> out;
+    for (int r : rows) out.insert(out.end(), x.begin() + (size_t)r * width, x.begin() + (size_t)(r + 1) * width);
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// GPU versions
+
+static void matmul_forward_gpu(int version, floatX* out, const floatX* inp, const floatX* w, int N, int C, int OC) {
+    switch (version) {
+        case 1: matmul_forward(out, inp, w, N, C, OC, 0); break;
+        default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
+    }
+}
+
+static void matmul_backward_gpu(int version, floatX* dinp, floatX* dweight, const floatX* dout, const floatX* inp,
+                                const floatX* w, int N, int C, int OC) {
+    switch (version) {
+        case 1: matmul_backward(dinp, dweight, dout, inp, w, N, C, OC, 0); break;
+        default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
+    }
+}
+
+// Validates all three products. With `sample_rows` > 0 only that many random output rows are checked (for shapes too
+// big for a full CPU reference), with `tolerance` for the longer reductions.
+static void validate_shape(int version, int N, int C, int OC, uint64_t seed, int sample_rows = 0,
+                           double tolerance = DEFAULT_TOLERANCE) {
+    printf("N=%d C=%d OC=%d%s\n", N, C, OC, sample_rows > 0 ? " (sampled rows)" : "");
+    const size_t n_inp = (size_t)N * C, n_w = (size_t)OC * C, n_out = (size_t)N * OC;
+    // Inputs drawn on the device (uniform [-1, 1), already floatX) and copied back: the reference sees exactly the
+    // GPU's inputs, and the 134M-element timing shape needs no slow host RNG.
+    floatX* d_inp = device_random<floatX>(n_inp, (uint32_t)seed, 1.0f);
+    floatX* d_w = device_random<floatX>(n_w, (uint32_t)seed + 1, 1.0f);
+    floatX* d_dout = device_random<floatX>(n_out, (uint32_t)seed + 2, 1.0f);
+    floatX* d_dw = device_random<floatX>(n_w, (uint32_t)seed + 3, 1.0f);
+    const std::vector<float> inp = host_from_device(d_inp, n_inp), w = host_from_device(d_w, n_w);
+    const std::vector<float> dout = host_from_device(d_dout, n_out), dw_init = host_from_device(d_dw, n_w);
+    std::vector<int> n_rows = all_rows(N), o_rows = all_rows(OC);
+    if (sample_rows > 0) {
+        n_rows = random_ints(sample_rows, N, seed + 4);
+        o_rows = random_ints(sample_rows, OC, seed + 5);
+    }
+
+    std::vector<float> out_ref(n_out), dinp_ref(n_inp), dw_ref1(n_w), dw_ref2(n_w);
+    std::vector<double> dw_prod(n_w, 0.0);
+    matmul_forward_cpu(out_ref, inp, w, C, OC, n_rows);
+    matmul_dinp_cpu(dinp_ref, dout, w, C, OC, n_rows);
+    matmul_dweight_cpu(dw_prod, dout, inp, N, C, OC, o_rows);
+    for (size_t i = 0; i < n_w; i++) {  // after one and after two accumulating calls
+        dw_ref1[i] = (float)(dw_init[i] + dw_prod[i]);
+        dw_ref2[i] = (float)(dw_init[i] + 2.0 * dw_prod[i]);
+    }
+
+    floatX *d_out, *d_dinp;
+    cudaCheck(cudaMalloc(&d_out, n_out * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_dinp, n_inp * sizeof(floatX)));
+
+    // forward overwrites out
+    poison(d_out, n_out * sizeof(floatX));
+    matmul_forward_gpu(version, d_out, d_inp, d_w, N, C, OC);
+    validate("out", take_rows(host_from_device(d_out, n_out), OC, n_rows), take_rows(out_ref, OC, n_rows),
+             tolerance);
+
+    // backward: dinp overwritten, dweight accumulated onto its initial value
+    poison(d_dinp, n_inp * sizeof(floatX));
+    matmul_backward_gpu(version, d_dinp, d_dw, d_dout, d_inp, d_w, N, C, OC);
+    validate("dinp", take_rows(host_from_device(d_dinp, n_inp), C, n_rows), take_rows(dinp_ref, C, n_rows),
+             tolerance);
+    validate("dweight (init + 1x)", take_rows(host_from_device(d_dw, n_w), C, o_rows), take_rows(dw_ref1, C, o_rows),
+             tolerance);
+
+    // dinp == nullptr: only dweight, accumulating a second time
+    matmul_backward_gpu(version, nullptr, d_dw, d_dout, d_inp, d_w, N, C, OC);
+    validate("dweight (init + 2x)", take_rows(host_from_device(d_dw, n_w), C, o_rows), take_rows(dw_ref2, C, o_rows),
+             tolerance);
+
+    // dweight == nullptr: only dinp
+    poison(d_dinp, n_inp * sizeof(floatX));
+    matmul_backward_gpu(version, d_dinp, nullptr, d_dout, d_inp, d_w, N, C, OC);
+    validate("dinp (dweight skipped)", take_rows(host_from_device(d_dinp, n_inp), C, n_rows),
+             take_rows(dinp_ref, C, n_rows), tolerance);
+
+    cudaCheck(cudaFree(d_inp));
+    cudaCheck(cudaFree(d_w));
+    cudaCheck(cudaFree(d_dout));
+    cudaCheck(cudaFree(d_dw));
+    cudaCheck(cudaFree(d_out));
+    cudaCheck(cudaFree(d_dinp));
+}
+
+static void time_shape(int version, int N, int C, int OC) {
+    floatX* d_inp = device_random<floatX>((size_t)N * C, 11, 1.0f);
+    floatX* d_w = device_random<floatX>((size_t)OC * C, 12, 0.02f);
+    floatX* d_dout = device_random<floatX>((size_t)N * OC, 13, 1.0f);
+    floatX* d_dw = device_random<floatX>((size_t)OC * C, 14, 0.02f);
+    floatX *d_out, *d_dinp;
+    cudaCheck(cudaMalloc(&d_out, (size_t)N * OC * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_dinp, (size_t)N * C * sizeof(floatX)));
+    const double flops = 2.0 * N * (double)C * OC;  // per product
+    float ms_fwd = benchmark_ms(10, [&] { matmul_forward_gpu(version, d_out, d_inp, d_w, N, C, OC); });
+    float ms_dinp = benchmark_ms(10, [&] { matmul_backward_gpu(version, d_dinp, nullptr, d_dout, d_inp, d_w, N, C, OC); });
+    float ms_dw = benchmark_ms(10, [&] { matmul_backward_gpu(version, nullptr, d_dw, d_dout, d_inp, d_w, N, C, OC); });
+    printf("  N=%d C=%d OC=%d\n", N, C, OC);
+    printf("    forward   %8.3f ms  %7.2f TFLOP/s\n", ms_fwd, flops / (ms_fwd * 1e-3) / 1e12);
+    printf("    dinp      %8.3f ms  %7.2f TFLOP/s\n", ms_dinp, flops / (ms_dinp * 1e-3) / 1e12);
+    printf("    dweight   %8.3f ms  %7.2f TFLOP/s\n", ms_dw, flops / (ms_dw * 1e-3) / 1e12);
+    cudaCheck(cudaFree(d_inp));
+    cudaCheck(cudaFree(d_w));
+    cudaCheck(cudaFree(d_dout));
+    cudaCheck(cudaFree(d_dw));
+    cudaCheck(cudaFree(d_out));
+    cudaCheck(cudaFree(d_dinp));
+}
+
+int main(int argc, char** argv) {
+    require_gpu(argv[0]);  // clear message and exit 1 without a GPU
+    const int version = argc > 1 ? atoi(argv[1]) : 1;
+    printf("matmul version %d (%s)\n", version, PRECISION_NAME);
+    matmul_init(0);
+
+    validate_shape(version, 37, 48, 259, 100);    // odd sizes: no dimension a multiple of 8
+    validate_shape(version, 1, 3, 5, 200);        // degenerate: a single token
+    validate_shape(version, 256, 2048, 6144, 300);  // realistic (a QKV projection of a 2048-wide model)
+    // The timing shape, on 8 random output rows of each product. Reductions run up to N = 16384 long, so fp32 rounding
+    // grows like sqrt(length): allow 4x the default tolerance.
+    validate_shape(version, 16384, 2048, 8192, 400, 8, 4 * DEFAULT_TOLERANCE);
+
+    printf("timing\n");
+    time_shape(version, 16384, 2048, 8192);
+
+    matmul_destroy();
+    return finish(argv[0]);
+}

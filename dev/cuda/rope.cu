@@ -1,0 +1,122 @@
+// RoPE forward and backward, in place on the packed qkv buffer (B, T, (H + 2 KV) hd), validated against a CPU
+// reference in double and timed.
+//
+//   forward:  (x0, x1) -> (x0 c - x1 s, x0 s + x1 c) on pairs (2i, 2i+1) of q and k heads, c/s at position t
+//   backward: (g0, g1) -> (g0 c + g1 s, -g0 s + g1 c)         (value heads untouched by both)
+//
+// version 1 = llmc/rope.cuh. The table comes from checkpoint.h's rope_tables (with and without Llama 3.1 scaling),
+// interleaved by rope_interleave_tables, exactly as the trainer builds it. T = 13 and B = 3 make n % T wrap at odd
+// places; the table is built for more positions than T to check the documented "longer table works" property.
+//
+// build: make -C dev/cuda bin/rope   run: dev/cuda/bin/rope
+#include "common.h"
+#include "../../llmc/checkpoint.h"
+#include "../../llmc/rope.cuh"
+
+// direction +1: forward rotation, -1: backward (transpose).
+static void cpu_rope(std::vector<float>& qkv, const std::vector<float>& cos_t, const std::vector<float>& sin_t, int B,
+                     int T, int H, int KV, int hd, int direction) {
+    int half = hd / 2, row = (H + 2 * KV) * hd;
+    for (int n = 0; n < B * T; n++) {
+        int t = n % T;
+        for (int h = 0; h < H + KV; h++) {
+            for (int i = 0; i < half; i++) {
+                double c = cos_t[(size_t)t * half + i], s = direction * (double)sin_t[(size_t)t * half + i];
+                float* p = &qkv[(size_t)n * row + h * hd + 2 * i];
+                double x0 = p[0], x1 = p[1];
+                p[0] = (float)(x0 * c - x1 * s);
+                p[1] = (float)(x0 * s + x1 * c);
+            }
+        }
+    }
+}
+
+static void test_case(int B, int T, int H, int KV, int hd, bool scaling, uint64_t seed) {
+    printf("B=%d T=%d H=%d KV=%d hd=%d rope_scaling=%d\n", B, T, H, KV, hd, (int)scaling);
+    Llama3Config cfg;
+    cfg.dim = H * hd;
+    cfg.n_heads = H;
+    cfg.n_kv_heads = KV;
+    cfg.rope_theta = 500000.0f;
+    cfg.use_rope_scaling = scaling;
+    cfg.rope_scaling_factor = 32.0f;
+    cfg.rope_original_max_seq_len = 8;  // small, so the scaled / interpolated bands all occur at small hd
+    int T_table = T + 5;
+    std::vector<float> cos_t, sin_t;
+    rope_tables(cfg, T_table, &cos_t, &sin_t);
+    std::vector<float> table = rope_interleave_tables(cos_t, sin_t);
+    float* d_table;
+    cudaCheck(cudaMalloc(&d_table, table.size() * sizeof(float)));
+    cudaCheck(cudaMemcpy(d_table, table.data(), table.size() * sizeof(float), cudaMemcpyHostToDevice));
+
+    size_t n = (size_t)B * T * (H + 2 * KV) * hd;
+    std::vector<float> x = round_to_floatX(random_floats(n, seed));
+    floatX* d_qkv = device_from_host<floatX>(x);
+
+    std::vector<float> ref = x;
+    cpu_rope(ref, cos_t, sin_t, B, T, H, KV, hd, +1);
+    rope_forward(d_qkv, d_table, B, T, H, KV, hd, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<float> got = host_from_device(d_qkv, n);
+    validate("forward", got, ref);
+    // value heads must come back bit-identical
+    std::vector<float> v_got, v_ref;
+    int row = (H + 2 * KV) * hd;
+    for (int r = 0; r < B * T; r++)
+        for (int j = (H + KV) * hd; j < row; j++) {
+            v_got.push_back(got[(size_t)r * row + j]);
+            v_ref.push_back(x[(size_t)r * row + j]);
+        }
+    validate("forward leaves v untouched", v_got, v_ref, 0.0);
+
+    // backward on a fresh gradient; the reference is the transposed rotation
+    std::vector<float> g = round_to_floatX(random_floats(n, seed + 1));
+    floatX* d_g = device_from_host<floatX>(g);
+    std::vector<float> gref = g;
+    cpu_rope(gref, cos_t, sin_t, B, T, H, KV, hd, -1);
+    rope_backward(d_g, d_table, B, T, H, KV, hd, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    validate("backward", host_from_device(d_g, n), gref);
+
+    // backward undoes forward (up to the storage rounding in between)
+    rope_backward(d_qkv, d_table, B, T, H, KV, hd, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    validate("backward(forward(x)) == x", host_from_device(d_qkv, n), x);
+
+    cudaCheck(cudaFree(d_table));
+    cudaCheck(cudaFree(d_qkv));
+    cudaCheck(cudaFree(d_g));
+}
+
+int main(int argc, char** argv) {
+    (void)argc;
+    require_gpu(argv[0]);
+    test_case(3, 13, 4, 2, 16, false, 1);
+    test_case(3, 13, 4, 2, 16, true, 2);
+    test_case(2, 13, 6, 3, 6, false, 3);   // hd/2 odd
+    test_case(2, 37, 8, 8, 64, true, 4);   // no GQA
+    test_case(1, 1, 1, 1, 2, false, 5);    // smallest
+
+    // timing: Llama 3.2 1B attention (H=32, KV=8, hd=64) at B=8, T=2048
+    int B = 8, T = 2048, H = 32, KV = 8, hd = 64;
+    printf("timing B=%d T=%d H=%d KV=%d hd=%d\n", B, T, H, KV, hd);
+    Llama3Config cfg;
+    config_from_name("llama3.2-1B", 0, &cfg);
+    std::vector<float> cos_t, sin_t;
+    rope_tables(cfg, T, &cos_t, &sin_t);
+    std::vector<float> table = rope_interleave_tables(cos_t, sin_t);
+    float* d_table;
+    cudaCheck(cudaMalloc(&d_table, table.size() * sizeof(float)));
+    cudaCheck(cudaMemcpy(d_table, table.data(), table.size() * sizeof(float), cudaMemcpyHostToDevice));
+    size_t n = (size_t)B * T * (H + 2 * KV) * hd;
+    floatX* d_qkv = device_random<floatX>(n, 9);
+    // q and k are read and written once; the 0.5 MB table stays in L2
+    double bytes = 2.0 * B * T * (H + KV) * hd * sizeof(floatX);
+    float ms = benchmark_ms(20, [&] { rope_forward(d_qkv, d_table, B, T, H, KV, hd, 0); });
+    report_bandwidth("forward", ms, bytes);
+    ms = benchmark_ms(20, [&] { rope_backward(d_qkv, d_table, B, T, H, KV, hd, 0); });
+    report_bandwidth("backward", ms, bytes);
+    cudaCheck(cudaFree(d_table));
+    cudaCheck(cudaFree(d_qkv));
+    return finish(argv[0]);
+}

@@ -1,0 +1,110 @@
+// SwiGLU, the gate of Llama's feed-forward block: out = silu(gate) * up.
+//
+//   inp (N, 2F): per row the first F values are the gate g = w1 x, the next F the up projection u = w3 x
+//   (the w13 weight stacks w1 over w3, so one matmul produces both). out (N, F).
+//   forward:   out = silu(g) * u,                 silu(g) = g * sigmoid(g)
+//   backward:  dg = dout * u * sigmoid(g) * (1 + g * (1 - sigmoid(g)))      (d silu / dg)
+//              du = dout * silu(g)                dinp = [dg | du] (N, 2F), overwritten
+// All math in fp32, rounded once to floatX on store.
+//
+// One thread per 16 bytes of output (8 bf16 / 4 fp32) when F is a multiple of that and the pointers are 16-byte
+// aligned (then gate, up and out row starts all are); otherwise one element per thread (e.g. F = 100 in bf16).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda_common.h"
+
+constexpr int SWIGLU_VEC = 16 / sizeof(floatX);
+
+template <int VEC>
+__device__ __forceinline__ void swiglu_load(float* dst, const floatX* src) {
+    if constexpr (VEC == 1) {
+        dst[0] = to_float(src[0]);
+    } else {
+        int4 raw = *reinterpret_cast<const int4*>(src);
+        const floatX* x = reinterpret_cast<const floatX*>(&raw);
+        for (int j = 0; j < VEC; j++) dst[j] = to_float(x[j]);
+    }
+}
+template <int VEC>
+__device__ __forceinline__ void swiglu_store(floatX* dst, const float* src) {
+    if constexpr (VEC == 1) {
+        dst[0] = from_float<floatX>(src[0]);
+    } else {
+        int4 raw;
+        floatX* x = reinterpret_cast<floatX*>(&raw);
+        for (int j = 0; j < VEC; j++) x[j] = from_float<floatX>(src[j]);
+        *reinterpret_cast<int4*>(dst) = raw;
+    }
+}
+
+// expf of a large positive -g overflows to inf, giving sigmoid 0 (the right limit), so no clamping is needed.
+__device__ __forceinline__ float swiglu_sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+template <int VEC>
+__global__ void swiglu_forward_kernel(floatX* out, const floatX* inp, int N, int F) {
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;  // into out (N, F)
+    if (idx >= (size_t)N * F) return;
+    size_t n = idx / F;
+    int f = (int)(idx % F);  // VEC divides F: the VEC elements share a row
+    const floatX* gate = inp + n * 2 * F + f;
+    float g[VEC], u[VEC], o[VEC];
+    swiglu_load<VEC>(g, gate);
+    swiglu_load<VEC>(u, gate + F);
+    for (int j = 0; j < VEC; j++) o[j] = g[j] * swiglu_sigmoid(g[j]) * u[j];
+    swiglu_store<VEC>(out + idx, o);
+}
+
+template <int VEC>
+__global__ void swiglu_backward_kernel(floatX* dinp, const floatX* dout, const floatX* inp, int N, int F) {
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;  // into dout (N, F)
+    if (idx >= (size_t)N * F) return;
+    size_t n = idx / F;
+    int f = (int)(idx % F);
+    size_t in_off = n * 2 * F + f;
+    float g[VEC], u[VEC], d[VEC], dg[VEC], du[VEC];
+    swiglu_load<VEC>(g, inp + in_off);
+    swiglu_load<VEC>(u, inp + in_off + F);
+    swiglu_load<VEC>(d, dout + idx);
+    for (int j = 0; j < VEC; j++) {
+        float s = swiglu_sigmoid(g[j]);
+        dg[j] = d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+        du[j] = d[j] * g[j] * s;
+    }
+    swiglu_store<VEC>(dinp + in_off, dg);
+    swiglu_store<VEC>(dinp + in_off + F, du);
+}
+
+inline bool swiglu_vec_ok(int F, const void* a, const void* b, const void* c = nullptr) {
+    return F % SWIGLU_VEC == 0 && (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
+}
+
+// out (N, F) = silu(inp[:, :F]) * inp[:, F:]. Overwrites out.
+inline void swiglu_forward(floatX* out, const floatX* inp, int N, int F, cudaStream_t stream) {
+    if (N <= 0 || F <= 0) return;
+    const int block = 256;
+    size_t elems = (size_t)N * F;
+    if (swiglu_vec_ok(F, out, inp)) {
+        swiglu_forward_kernel<SWIGLU_VEC>
+            <<<(unsigned)ceil_div<size_t>(elems / SWIGLU_VEC, block), block, 0, stream>>>(out, inp, N, F);
+    } else {
+        swiglu_forward_kernel<1><<<(unsigned)ceil_div<size_t>(elems, block), block, 0, stream>>>(out, inp, N, F);
+    }
+    cudaCheckLaunch();
+}
+
+// dinp (N, 2F) = [dgate | dup]. Overwrites dinp (must not alias dout or inp).
+inline void swiglu_backward(floatX* dinp, const floatX* dout, const floatX* inp, int N, int F, cudaStream_t stream) {
+    if (N <= 0 || F <= 0) return;
+    const int block = 256;
+    size_t elems = (size_t)N * F;
+    if (swiglu_vec_ok(F, dinp, dout, inp)) {
+        swiglu_backward_kernel<SWIGLU_VEC>
+            <<<(unsigned)ceil_div<size_t>(elems / SWIGLU_VEC, block), block, 0, stream>>>(dinp, dout, inp, N, F);
+    } else {
+        swiglu_backward_kernel<1>
+            <<<(unsigned)ceil_div<size_t>(elems, block), block, 0, stream>>>(dinp, dout, inp, N, F);
+    }
+    cudaCheckLaunch();
+}
