@@ -15,7 +15,7 @@ PRECISION ?= BF16
 
 CXXFLAGS = -O2 -std=c++17 -Wall -Wextra -I.
 ifeq ($(NO_OMP),1)
-  OMP_FLAGS =
+  OMP_FLAGS = -Wno-unknown-pragmas
 else
   OMP_FLAGS = -fopenmp
 endif
@@ -42,7 +42,7 @@ else
 endif
 
 NVCC_FLAGS = -O3 -std=c++17 -I. $(GENCODE) $(PRECISION_FLAGS) --use_fast_math -Xcompiler -Wall \
-             $(if $(OMP_FLAGS),-Xcompiler $(OMP_FLAGS),)
+             -Xcompiler $(OMP_FLAGS)
 NVCC_LIBS = -lcublasLt -lcublas
 
 HEADERS = $(wildcard llmc/*.h llmc/*.cuh)

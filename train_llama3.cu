@@ -653,7 +653,7 @@ int main(int argc, char** argv) {
         return 1;
     }
     std::string out_dir = opt.out_dir;
-    if (!out_dir.empty() && mkdir(out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (!out_dir.empty() && !make_dirs(out_dir)) {
         fprintf(stderr, "Error: could not create output dir '%s': %s\n", out_dir.c_str(), strerror(errno));
         return 1;
     }

@@ -79,6 +79,17 @@ inline void* malloc_check(size_t size, const char* file, int line) {
 }
 #define mallocCheck(size) malloc_check(size, __FILE__, __LINE__)
 
+// Creates a directory and its missing parents (mkdir -p); returns false with errno set on failure.
+#include <sys/stat.h>
+inline bool make_dirs(const std::string& path) {
+    for (size_t i = 1; i <= path.size(); i++) {
+        if (i < path.size() && path[i] != '/') continue;
+        std::string prefix = path.substr(0, i);
+        if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) return false;
+    }
+    return true;
+}
+
 // Writes a file atomically: the caller writes to `tmp_path()`, then `commit()` flushes, fsyncs and renames it over
 // the final path, so a crash mid-write leaves the previous file intact.
 #include <unistd.h>
