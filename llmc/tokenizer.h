@@ -3,7 +3,7 @@
 //
 // File layout (written by dev/data/export_tokenizer.py; all little-endian):
 //   header: 16 int32 (64 bytes)
-//     [0] magic 20261122   [1] version 1   [2] vocab size V, special tokens included (128256 for Llama 3)
+//     [0] magic 20261125   [1] version 1   [2] vocab size V, special tokens included (128256 for Llama 3)
 //     [3] <|begin_of_text|> id   [4] <|end_of_text|> id   [5] <|eot_id|> id
 //     [6] total bytes of all token strings   [7..15] zero
 //   then for each id 0..V-1: uint32 length, then that many bytes
@@ -25,7 +25,7 @@
 
 #include "utils.h"
 
-constexpr int TOKENIZER_MAGIC = 20261122;
+constexpr int TOKENIZER_MAGIC = 20261125;
 constexpr int TOKENIZER_VERSION = 1;
 constexpr int TOKENIZER_HEADER_INTS = 16;
 

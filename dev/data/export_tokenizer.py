@@ -3,7 +3,7 @@ Exports the Llama 3 tokenizer to a .bin that llmc/tokenizer.h reads, so C++ can 
 
 File layout (little-endian):
     header: 16 int32 (64 bytes)
-        [0] magic 20261122   [1] version 1   [2] vocab size V, special tokens included (128256)
+        [0] magic 20261125   [1] version 1   [2] vocab size V, special tokens included (128256)
         [3] <|begin_of_text|> id   [4] <|end_of_text|> id   [5] <|eot_id|> id
         [6] total bytes of all token strings   [7..15] zero
     then for each id 0..V-1: uint32 length, then that many bytes
@@ -21,7 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama3_tokenizer import Llama3Tokenizer  # noqa: E402
 
-TOKENIZER_MAGIC = 20261122
+TOKENIZER_MAGIC = 20261125
 TOKENIZER_VERSION = 1
 HEADER_INTS = 16
 
