@@ -1,7 +1,7 @@
 // Ties the CUDA trainer out against a debug state written by scripts/train_llama3.py (fp32 PyTorch, TF32 off):
 // logits, loss, the gradient of every parameter tensor, and the loss and grad norm of each AdamW step.
 //
-//   make test_llama3cu PRECISION=FP32 && ./test_llama3cu model.bin debug.bin
+//   make test_llama3cu PRECISION=FP32 && ./test_llama3cu model.bin debug.bin [recompute level 0|1|2]
 //
 // Tolerances, per tensor, with max_rel = max |got - ref| / max |ref| and rel_norm = ||got - ref|| / ||ref||:
 //   FP32 build: everything is fp32 with different summation orders and fast-math exp/rsqrt (a few ulps per op):
@@ -54,8 +54,8 @@ static std::vector<float> to_host_floats(const T* device, size_t n) {
 }
 
 int main(int argc, char** argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s model.bin debug.bin\n", argv[0]);
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: %s model.bin debug.bin [recompute level 0|1|2]\n", argv[0]);
         return 2;
     }
     int device_count = 0;
@@ -66,6 +66,11 @@ int main(int argc, char** argv) {
     Llama3 model;
     cudaCheck(cudaStreamCreate(&model.stream));
     matmul_init(model.stream);
+    model.recompute = argc == 4 ? atoi(argv[3]) : 0;
+    if (model.recompute < 0 || model.recompute > 2) {
+        fprintf(stderr, "Error: recompute level '%s' is not 0, 1 or 2\n", argv[3]);
+        return 2;
+    }
     model.load(argv[1]);
     const Llama3Config& c = model.config;
     DebugState ref = load_debug_state(argv[2], c);
@@ -76,8 +81,8 @@ int main(int argc, char** argv) {
                 model.classifier_chunk);
         return 1;
     }
-    printf("[%s] model %s: V=%d C=%d L=%d H=%d KV=%d F=%d tied=%d rope_scaling=%d | B=%d T=%d steps=%d\n",
-           PRECISION_NAME, argv[1], c.vocab_size, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.ffn_hidden,
+    printf("[%s, recompute %d] model %s: V=%d C=%d L=%d H=%d KV=%d F=%d tied=%d rope_scaling=%d | B=%d T=%d steps=%d\n",
+           PRECISION_NAME, model.recompute, argv[1], c.vocab_size, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.ffn_hidden,
            c.tied_embeddings, c.use_rope_scaling, ref.B, ref.T, ref.n_steps);
 
     // forward without gradients: the logits stay in the chunk buffer

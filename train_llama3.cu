@@ -22,6 +22,7 @@
 #include "llmc/dataloader.h"
 #include "llmc/tokenizer.h"
 #include "llmc/schedule.h"
+#include "llmc/profiler.h"
 #include "llmc/init.cuh"
 #include "llmc/encoder.cuh"
 #include "llmc/rmsnorm.cuh"
@@ -53,18 +54,20 @@ inline ParamTensors point_params(floatX* base, const Llama3Config& c) {
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// Activations kept from the forward for the backward, for B*T = N rows, per layer unless noted.
+// Activations kept from the forward for the backward, for B*T = N rows, per layer unless noted. With activation
+// recomputation the buffers marked (r1) and (r2) hold one layer only, and the backward recomputes them: at level 1
+// the RMSNorm outputs and the SwiGLU output (cheap elementwise passes), at level 2 also the w13 matmul output.
 
 struct Activations {
     DeviceBuffer<floatX> residual;      // (L + 1, N, C): input of each layer, then the final residual
     DeviceBuffer<floatX> residual_mid;  // (L, N, C): after the attention branch
-    DeviceBuffer<floatX> ln1, ln2;      // (L, N, C): RMSNorm outputs
+    DeviceBuffer<floatX> ln1, ln2;      // (L, N, C): RMSNorm outputs (r1)
     DeviceBuffer<float> rstd1, rstd2;   // (L, N)
     DeviceBuffer<floatX> qkv;           // (L, N, QKV), after RoPE
     DeviceBuffer<floatX> atty;          // (L, N, H hd): attention output
     DeviceBuffer<float> lse;            // (L, B, H, T): attention log-sum-exp
-    DeviceBuffer<floatX> h13;           // (L, N, 2F): [gate | up]
-    DeviceBuffer<floatX> hact;          // (L, N, F): silu(gate) * up
+    DeviceBuffer<floatX> h13;           // (L, N, 2F): [gate | up] (r2)
+    DeviceBuffer<floatX> hact;          // (L, N, F): silu(gate) * up (r1)
     DeviceBuffer<floatX> lnf;           // (N, C): final norm output
     DeviceBuffer<float> rstdf;          // (N)
     DeviceBuffer<floatX> logits;        // (chunk, V): logits of a chunk of rows, then their gradient
@@ -82,13 +85,16 @@ struct Llama3 {
     Llama3Config config;
     size_t num_params = 0;
     DeviceBuffer<floatX> params, grads;
-    DeviceBuffer<float> master, m, v;  // master is empty in fp32 builds (params are fp32 already)
+    DeviceBuffer<float> master, m, v;  // master: fp32 copy of bf16 params (absent in fp32 builds or with -w 0)
+    bool use_master = true;
+    int recompute = 0;                 // activation recomputation level: 0 none, 1 norms + swiglu, 2 also w13
     DeviceBuffer<float> rope_table;    // (max_seq_len, hd/2, 2) {cos, sin}
     Activations acts;
     EmbeddingBackwardPlan embedding_plan;
     int B = 0, T = 0, classifier_chunk = 0;
     cudaStream_t stream = 0;
     std::vector<int> host_inputs;
+    Profiler profiler;
 
     void allocate_params() {
         num_params = param_layout(config).total;
@@ -97,7 +103,7 @@ struct Llama3 {
         m = DeviceBuffer<float>(num_params);
         v = DeviceBuffer<float>(num_params);
 #if !defined(ENABLE_FP32)
-        master = DeviceBuffer<float>(num_params);
+        if (use_master) master = DeviceBuffer<float>(num_params);
 #endif
         cudaCheck(cudaMemset(grads.ptr, 0, grads.bytes()));
         cudaCheck(cudaMemset(m.ptr, 0, m.bytes()));
@@ -161,15 +167,16 @@ struct Llama3 {
         Activations& a = acts;
         a.residual = DeviceBuffer<floatX>((L + 1) * N * C);
         a.residual_mid = DeviceBuffer<floatX>(L * N * C);
-        a.ln1 = DeviceBuffer<floatX>(L * N * C);
-        a.ln2 = DeviceBuffer<floatX>(L * N * C);
+        size_t L1 = recompute >= 1 ? 1 : L, L2 = recompute >= 2 ? 1 : L;  // layers held
+        a.ln1 = DeviceBuffer<floatX>(L1 * N * C);
+        a.ln2 = DeviceBuffer<floatX>(L1 * N * C);
         a.rstd1 = DeviceBuffer<float>(L * N);
         a.rstd2 = DeviceBuffer<float>(L * N);
         a.qkv = DeviceBuffer<floatX>(L * N * QKV);
         a.atty = DeviceBuffer<floatX>(L * N * attn);
         a.lse = DeviceBuffer<float>(L * N * c.n_heads);
-        a.h13 = DeviceBuffer<floatX>(L * N * 2 * F);
-        a.hact = DeviceBuffer<floatX>(L * N * F);
+        a.h13 = DeviceBuffer<floatX>(L2 * N * 2 * F);
+        a.hact = DeviceBuffer<floatX>(L1 * N * F);
         a.lnf = DeviceBuffer<floatX>(N * C);
         a.rstdf = DeviceBuffer<float>(N);
         a.logits = DeviceBuffer<floatX>((size_t)classifier_chunk * c.vocab_size);
@@ -192,6 +199,12 @@ struct Llama3 {
     // Forward on (b, t) token ids (b <= B, t <= T): fills the activations and the per-row losses. With dloss != 0
     // it also starts the backward: each chunk's logits become dlogits (scaled by dloss), and the lm_head matmul's
     // backward runs right away, so acts.dnorm holds d(lnf) and grads hold the lm_head gradient afterwards.
+    // Layer l's slice of a per-layer activation, or the single slice a recomputed buffer holds.
+    template <typename T>
+    static T* layer_slice(DeviceBuffer<T>& buf, int l, size_t per_layer) {
+        return buf.count > per_layer ? buf.ptr + (size_t)l * per_layer : buf.ptr;
+    }
+
     void forward(const int* inputs, const int* targets, int b, int t, float dloss) {
         const Llama3Config& c = config;
         int N = b * t, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, hd = c.head_dim(), QKV = c.qkv_dim();
@@ -199,46 +212,59 @@ struct Llama3 {
         size_t NC = (size_t)N * C;
         ParamTensors p = point_params(params.ptr, c);
         Activations& a = acts;
+        Profiler& prof = profiler;
         host_inputs.assign(inputs, inputs + N);
         cudaCheck(cudaMemcpyAsync(a.inputs.ptr, inputs, N * sizeof(int), cudaMemcpyHostToDevice, stream));
         if (targets) cudaCheck(cudaMemcpyAsync(a.targets.ptr, targets, N * sizeof(int), cudaMemcpyHostToDevice, stream));
 
+        prof.begin("fwd embedding + norm");
         encoder_forward(a.residual.ptr, a.inputs.ptr, p.tok_embedding, N, C, stream);
+        // later layers' input norms are fused with the residual add at the end of the previous layer
+        rmsnorm_forward(layer_slice(a.ln1, 0, NC), a.rstd1.ptr, a.residual.ptr, p.attn_norm, N, C, c.norm_eps, stream);
+        prof.end();
         for (int l = 0; l < L; l++) {
             floatX* x = a.residual.ptr + l * NC;
-            floatX* ln1 = a.ln1.ptr + l * NC;
+            floatX* ln1 = layer_slice(a.ln1, l, NC);
             floatX* qkv = a.qkv.ptr + (size_t)l * N * QKV;
             floatX* atty = a.atty.ptr + (size_t)l * N * H * hd;
             floatX* mid = a.residual_mid.ptr + l * NC;
-            floatX* ln2 = a.ln2.ptr + l * NC;
-            floatX* h13 = a.h13.ptr + (size_t)l * N * 2 * F;
-            floatX* hact = a.hact.ptr + (size_t)l * N * F;
-            if (l == 0) {  // later layers' input norms are fused with the residual add at the end of the previous
-                rmsnorm_forward(ln1, a.rstd1.ptr, x, p.attn_norm, N, C, c.norm_eps, stream);
-            }
+            floatX* ln2 = layer_slice(a.ln2, l, NC);
+            floatX* h13 = layer_slice(a.h13, l, (size_t)N * 2 * F);
+            floatX* hact = layer_slice(a.hact, l, (size_t)N * F);
+            prof.begin("fwd qkv matmul + rope");
             matmul_forward(qkv, ln1, p.wqkv + (size_t)l * QKV * C, N, C, QKV, stream);
             rope_forward(qkv, rope_table.ptr, b, t, H, KV, hd, stream);
+            prof.end();
+            prof.begin("fwd attention");
             attention_forward(atty, a.lse.ptr + (size_t)l * N * H, qkv, b, t, H, KV, hd, stream);
+            prof.end();
             // the attention projection goes to dnorm, free until the backward, then joins the residual stream
+            prof.begin("fwd wo matmul + norm");
             matmul_forward(a.dnorm.ptr, atty, p.wo + (size_t)l * C * H * hd, N, H * hd, C, stream);
             fused_residual_rmsnorm_forward(mid, ln2, a.rstd2.ptr + (size_t)l * N, x, a.dnorm.ptr,
                                            p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
+            prof.end();
+            prof.begin("fwd w13 matmul + swiglu");
             matmul_forward(h13, ln2, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, stream);
             swiglu_forward(hact, h13, N, F, stream);
+            prof.end();
+            // x_{l+1} = mid + mlp, added in the kernel that normalises it for the next layer (or the head)
+            prof.begin("fwd w2 matmul + norm");
             matmul_forward(a.dnorm.ptr, hact, p.w2 + (size_t)l * C * F, N, F, C, stream);
-            // x_{l+1} = mid + mlp; the final norm (or nothing) reads it, so the add is fused into the next norm
             floatX* x_next = a.residual.ptr + (l + 1) * NC;
             if (l + 1 < L) {
-                fused_residual_rmsnorm_forward(x_next, a.ln1.ptr + (l + 1) * NC, a.rstd1.ptr + (size_t)(l + 1) * N,
-                                               mid, a.dnorm.ptr, p.attn_norm + (size_t)(l + 1) * C, N, C, c.norm_eps,
-                                               stream);
+                fused_residual_rmsnorm_forward(x_next, layer_slice(a.ln1, l + 1, NC),
+                                               a.rstd1.ptr + (size_t)(l + 1) * N, mid, a.dnorm.ptr,
+                                               p.attn_norm + (size_t)(l + 1) * C, N, C, c.norm_eps, stream);
             } else {
                 fused_residual_rmsnorm_forward(x_next, a.lnf.ptr, a.rstdf.ptr, mid, a.dnorm.ptr, p.final_norm, N, C,
                                                c.norm_eps, stream);
             }
+            prof.end();
         }
         if (targets == nullptr) return;
         ParamTensors g = point_params(grads.ptr, c);
+        ProfileScope scope(prof, "classifier (fwd + bwd)");
         for (int row = 0; row < N; row += classifier_chunk) {
             int rows = std::min(classifier_chunk, N - row);
             matmul_forward(a.logits.ptr, a.lnf.ptr + (size_t)row * C, p.lm_head, rows, C, V, stream);
@@ -270,32 +296,61 @@ struct Llama3 {
         ParamTensors p = point_params(params.ptr, c);
         ParamTensors g = point_params(grads.ptr, c);
         Activations& a = acts;
+        Profiler& prof = profiler;
+        prof.begin("bwd final norm");
         cudaCheck(cudaMemsetAsync(a.dresidual.ptr, 0, NC * sizeof(floatX), stream));
         rmsnorm_backward(a.dresidual.ptr, g.final_norm, a.rmsnorm_scratch.ptr, a.dnorm.ptr, a.residual.ptr + L * NC,
                          p.final_norm, a.rstdf.ptr, N, C, stream);
+        prof.end();
         for (int l = L - 1; l >= 0; l--) {
+            floatX* x = a.residual.ptr + l * NC;
+            floatX* mid = a.residual_mid.ptr + l * NC;
+            floatX* ln1 = layer_slice(a.ln1, l, NC);
+            floatX* ln2 = layer_slice(a.ln2, l, NC);
+            floatX* h13 = layer_slice(a.h13, l, (size_t)N * 2 * F);
+            floatX* hact = layer_slice(a.hact, l, (size_t)N * F);
+            floatX* atty = a.atty.ptr + (size_t)l * N * H * hd;
+            floatX* qkv = a.qkv.ptr + (size_t)l * N * QKV;
+            float* rstd1 = a.rstd1.ptr + (size_t)l * N;
+            float* rstd2 = a.rstd2.ptr + (size_t)l * N;
+            if (recompute >= 1) {  // the same kernels on the same inputs: bit-identical to the stored values
+                prof.begin("bwd recompute");
+                rmsnorm_forward(ln2, rstd2, mid, p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
+                if (recompute >= 2) matmul_forward(h13, ln2, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, stream);
+                swiglu_forward(hact, h13, N, F, stream);
+                rmsnorm_forward(ln1, rstd1, x, p.attn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
+                prof.end();
+            }
             // the MLP branch: dresidual is the gradient of its output
-            matmul_backward(a.dhact.ptr, g.w2 + (size_t)l * C * F, a.dresidual.ptr, a.hact.ptr + (size_t)l * N * F,
-                            p.w2 + (size_t)l * C * F, N, F, C, stream);
-            swiglu_backward(a.dh13.ptr, a.dhact.ptr, a.h13.ptr + (size_t)l * N * 2 * F, N, F, stream);
-            matmul_backward(a.dnorm.ptr, g.w13 + (size_t)l * 2 * F * C, a.dh13.ptr, a.ln2.ptr + l * NC,
+            prof.begin("bwd w2 matmul + swiglu");
+            matmul_backward(a.dhact.ptr, g.w2 + (size_t)l * C * F, a.dresidual.ptr, hact, p.w2 + (size_t)l * C * F, N,
+                            F, C, stream);
+            swiglu_backward(a.dh13.ptr, a.dhact.ptr, h13, N, F, stream);
+            prof.end();
+            prof.begin("bwd w13 matmul + norm");
+            matmul_backward(a.dnorm.ptr, g.w13 + (size_t)l * 2 * F * C, a.dh13.ptr, ln2,
                             p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, stream);
-            rmsnorm_backward(a.dresidual.ptr, g.ffn_norm + (size_t)l * C, a.rmsnorm_scratch.ptr, a.dnorm.ptr,
-                             a.residual_mid.ptr + l * NC, p.ffn_norm + (size_t)l * C, a.rstd2.ptr + (size_t)l * N, N,
-                             C, stream);
+            rmsnorm_backward(a.dresidual.ptr, g.ffn_norm + (size_t)l * C, a.rmsnorm_scratch.ptr, a.dnorm.ptr, mid,
+                             p.ffn_norm + (size_t)l * C, rstd2, N, C, stream);
+            prof.end();
             // the attention branch
-            matmul_backward(a.datty.ptr, g.wo + (size_t)l * C * H * hd, a.dresidual.ptr,
-                            a.atty.ptr + (size_t)l * N * H * hd, p.wo + (size_t)l * C * H * hd, N, H * hd, C, stream);
-            attention_backward(a.dqkv.ptr, a.attention_delta.ptr, a.datty.ptr, a.qkv.ptr + (size_t)l * N * QKV,
-                               a.atty.ptr + (size_t)l * N * H * hd, a.lse.ptr + (size_t)l * N * H, b, t, H, KV, hd,
-                               stream);
+            prof.begin("bwd wo matmul");
+            matmul_backward(a.datty.ptr, g.wo + (size_t)l * C * H * hd, a.dresidual.ptr, atty,
+                            p.wo + (size_t)l * C * H * hd, N, H * hd, C, stream);
+            prof.end();
+            prof.begin("bwd attention");
+            attention_backward(a.dqkv.ptr, a.attention_delta.ptr, a.datty.ptr, qkv, atty, a.lse.ptr + (size_t)l * N * H,
+                               b, t, H, KV, hd, stream);
+            prof.end();
+            prof.begin("bwd rope + qkv matmul + norm");
             rope_backward(a.dqkv.ptr, rope_table.ptr, b, t, H, KV, hd, stream);
-            matmul_backward(a.dnorm.ptr, g.wqkv + (size_t)l * QKV * C, a.dqkv.ptr, a.ln1.ptr + l * NC,
-                            p.wqkv + (size_t)l * QKV * C, N, C, QKV, stream);
-            rmsnorm_backward(a.dresidual.ptr, g.attn_norm + (size_t)l * C, a.rmsnorm_scratch.ptr, a.dnorm.ptr,
-                             a.residual.ptr + l * NC, p.attn_norm + (size_t)l * C, a.rstd1.ptr + (size_t)l * N, N, C,
-                             stream);
+            matmul_backward(a.dnorm.ptr, g.wqkv + (size_t)l * QKV * C, a.dqkv.ptr, ln1, p.wqkv + (size_t)l * QKV * C,
+                            N, C, QKV, stream);
+            rmsnorm_backward(a.dresidual.ptr, g.attn_norm + (size_t)l * C, a.rmsnorm_scratch.ptr, a.dnorm.ptr, x,
+                             p.attn_norm + (size_t)l * C, rstd1, N, C, stream);
+            prof.end();
         }
+        ProfileScope scope(prof, "bwd embedding");
         embedding_plan.build(host_inputs.data(), N, stream);
         encoder_backward(g.tok_embedding, a.dresidual.ptr, embedding_plan, C, stream);
     }
@@ -304,6 +359,7 @@ struct Llama3 {
 
     // Global gradient norm (before clipping).
     float grad_norm() {
+        ProfileScope scope(profiler, "grad norm");
         global_norm_squared(acts.norm_partials.ptr, grads.ptr, num_params, 0, stream);
         global_norm_finish(acts.norm_value.ptr, acts.norm_partials.ptr, 1, stream);
         float norm;
@@ -315,6 +371,7 @@ struct Llama3 {
     // One AdamW step (step is 1-based) with the gradients scaled by grad_scale; no weight decay on the gains.
     void update(float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step,
                 unsigned int seed) {
+        ProfileScope scope(profiler, "optimizer");
         ParamLayout layout = param_layout(config);
         size_t offset = 0;
         for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
@@ -459,6 +516,7 @@ struct Options {
     int checkpoint_every = 0, keep_checkpoints = 2, resume = 0, shuffle = 1;
     uint64_t seed = 1337;
     float peak_tflops = 0.0f;  // 0: from the GPU's name
+    int recompute = 1, master_weights = 1, profile = 0;
 };
 
 static void usage(const Options& d) {
@@ -493,6 +551,13 @@ static void usage(const Options& d) {
     printf("  -n <int>    checkpoint every N steps, 0 never (default %d)\n", d.checkpoint_every);
     printf("  -r <int>    keep the last N checkpoints (default %d)\n", d.keep_checkpoints);
     printf("  -y <0|1>    resume from the latest checkpoint in -o (default %d)\n", d.resume);
+    printf("Memory and speed:\n");
+    printf("  -R <0|1|2>  activation recomputation: 0 none, 1 norms and swiglu, 2 also the w13 matmul (default %d)\n",
+           d.recompute);
+    printf("  -W <0|1>    fp32 master weights in bf16 builds (default %d; 0: bf16 params with stochastic rounding)\n",
+           d.master_weights);
+    printf("  -p <0|1>    profile: time each region of the step with CUDA events, print a table (default %d)\n",
+           d.profile);
     printf("  -P <float>  peak TFLOP/s for MFU (default: from the GPU name; H100/H200 989 bf16)\n");
     printf("  -h          this help\n");
 }
@@ -577,6 +642,9 @@ static Options parse_options(int argc, char** argv) {
             case 'r': o.keep_checkpoints = (int)parse_int(flag, val, 1, 1 << 20); break;
             case 'y': o.resume = (int)parse_int(flag, val, 0, 1); break;
             case 'P': o.peak_tflops = parse_float(flag, val, 0.001f, 1e6f); break;
+            case 'R': o.recompute = (int)parse_int(flag, val, 0, 2); break;
+            case 'W': o.master_weights = (int)parse_int(flag, val, 0, 1); break;
+            case 'p': o.profile = (int)parse_int(flag, val, 0, 1); break;
             default:
                 fprintf(stderr, "Error: unknown flag %s (see -h)\n", flag);
                 fail_exit();
@@ -595,6 +663,7 @@ static float peak_tflops_for(const char* gpu_name) {
 
 // Samples `length` tokens after <|begin_of_text|>, one forward per token, and prints them decoded.
 static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, uint64_t* rng) {
+    ProfilerPause pause(model.profiler);
     const Llama3Config& c = model.config;
     int max_len = std::min(length + 1, model.T);
     std::vector<int> tokens = {tokenizer.bos_id >= 0 ? tokenizer.bos_id : 0};
@@ -641,6 +710,10 @@ int main(int argc, char** argv) {
     }
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    cudaCheck(cudaFree(nullptr));  // create the context, so the baseline below excludes it
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    size_t baseline_used = total_bytes - free_bytes;
 
     // --- the model: from a checkpoint, from scratch, or from the latest training state
     bool from_file = opt.model_path[0] != '\0', from_name = opt.config_name[0] != '\0';
@@ -666,6 +739,10 @@ int main(int argc, char** argv) {
 
     Llama3 model;
     cudaCheck(cudaStreamCreate(&model.stream));
+    model.use_master = opt.master_weights != 0;
+    model.recompute = opt.recompute;
+    model.profiler.timing = opt.profile != 0;
+    model.profiler.stream = model.stream;
     matmul_init(model.stream);
     int start_step = 0;
     if (opt.resume) {
@@ -736,11 +813,14 @@ int main(int argc, char** argv) {
     printf("batch: B=%d T=%d grad_accum=%d (%ld tokens/step) | steps %d..%d | train tokens %lld\n", opt.B, opt.T,
            grad_accum, total_batch, start_step + 1, max_steps, (long long)train_loader.total_tokens);
     printf("flops/token %.3e (6 x matmul weights + 6 L H hd T causal attention)\n", model.flops_per_token(opt.T));
+    printf("memory: recompute level %d, master weights %s; mem below = device memory in use beyond the CUDA context\n",
+           model.recompute, model.master.ptr ? "fp32" : "none");
 
     FILE* log = nullptr;
     if (!out_dir.empty()) log = fopenCheck((out_dir + "/log.txt").c_str(), opt.resume ? "a" : "w");
 
     auto evaluate = [&](int step) {
+        ProfilerPause pause(model.profiler);
         val_loader.reset();
         double sum = 0.0;
         int batches = 0;
@@ -754,6 +834,8 @@ int main(int argc, char** argv) {
         if (log) { fprintf(log, "step %d val_loss %.6f\n", step, val_loss); fflush(log); }
     };
 
+    size_t peak_used = 0;
+    std::vector<double> step_times;
     for (int step = start_step + 1; step <= max_steps; step++) {
         cudaCheck(cudaStreamSynchronize(model.stream));
         auto t0 = std::chrono::steady_clock::now();
@@ -775,10 +857,13 @@ int main(int argc, char** argv) {
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         double tok_s = total_batch / (ms / 1000.0);
         double mfu = peak > 0 ? flops_per_step / (ms / 1000.0) / (peak * 1e12) * 100.0 : 0.0;
-        size_t free_bytes, total_bytes;
         cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+        size_t used = total_bytes - free_bytes - baseline_used;
+        peak_used = std::max(peak_used, used);
+        model.profiler.collect();
+        step_times.push_back(ms);
         printf("step %5d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%% | mem %.2f GiB\n",
-               step, max_steps, loss, norm, lr, ms, tok_s, mfu, (total_bytes - free_bytes) / 1073741824.0);
+               step, max_steps, loss, norm, lr, ms, tok_s, mfu, used / 1073741824.0);
         if (log) {
             fprintf(log, "step %d train_loss %.6f norm %.4f lr %.4e ms %.2f\n", step, loss, norm, lr, ms);
             fflush(log);
@@ -795,6 +880,17 @@ int main(int argc, char** argv) {
             }
             printf("saved checkpoint %s\n", step_path(out_dir, "state", step).c_str());
         }
+    }
+    if (step_times.size() >= 2) {  // the median over the steps after warm-up (the first 3, or 1 in short runs)
+        size_t warmup = step_times.size() > 6 ? 3 : 1;
+        std::vector<double> steady(step_times.begin() + warmup, step_times.end());
+        std::sort(steady.begin(), steady.end());
+        double median_ms = steady[steady.size() / 2];
+        printf("summary: median step %.2f ms over %zu steps | %.0f tok/s | MFU %.1f%% | peak mem %.2f GiB\n",
+               median_ms, steady.size(), total_batch / (median_ms / 1000.0),
+               peak > 0 ? flops_per_step / (median_ms / 1000.0) / (peak * 1e12) * 100.0 : 0.0,
+               peak_used / 1073741824.0);
+        model.profiler.report(median_ms);
     }
     if (log) fcloseCheck(log);
     matmul_destroy();

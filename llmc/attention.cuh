@@ -35,6 +35,13 @@
 // Head dims: any hd in 1..128. The kernels are templated on a padded head dim HDP (64 or 128); tiles are zero-filled
 // for d >= hd, which adds nothing to the dot products, and columns d >= hd are never stored.
 // Ragged T: rows t >= T are zero-filled on load, masked (key j > query i, or i >= T), and never stored.
+//
+// Two implementations, chosen by the host launchers attention_forward / attention_backward at the end of the file:
+//   * the scalar CUDA-core kernels above (section "Scalar path"): fp32 builds and head dims other than 64 / 128;
+//   * the tensor-core kernels (section "Tensor-core path", FlashAttention-2 style, mma.sync m16n8k16 bf16 with fp32
+//     accumulation): bf16 builds with head_dim 64 or 128. Their design is described at the top of that section.
+// Both compute the same math above and write the same outputs; attention_forward_scalar / _tc and
+// attention_backward_scalar / _tc are also callable directly (dev/cuda benchmarks compare them).
 #pragma once
 
 #include <cmath>
@@ -48,6 +55,10 @@ constexpr int ATTN_LD_FIXED = ATTN_FIXED + 4;        // padded leading dimension
 constexpr int ATTN_LD_STREAM = ATTN_STREAM + 4;      // padded leading dimension of k-major streamed-row tiles
 constexpr float ATTN_LOG2E = 1.4426950408889634f;
 constexpr float ATTN_LN2 = 0.6931471805599453f;
+
+// ================================================================================================================
+// Scalar path (CUDA cores, fp32 math, any floatX, head_dim 1..128)
+// ================================================================================================================
 
 // ----------------------------------------------------------------------------------------------------------------
 // Device helpers

@@ -454,8 +454,11 @@ def main():
     if len(times) > 1:
         steady = sorted(times[min(3, len(times) - 1):])
         median = steady[len(steady) // 2]
-        peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else 0.0
-        print(f"median step {median * 1000:.1f} ms | {B * T / median:.0f} tok/s | peak memory {peak:.2f} GiB")
+        cuda = device.startswith("cuda")
+        allocated = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+        reserved = torch.cuda.max_memory_reserved() / 2**30 if cuda else 0.0
+        print(f"median step {median * 1000:.1f} ms | {B * T / median:.0f} tok/s | peak memory {allocated:.2f} GiB "
+              f"allocated, {reserved:.2f} GiB reserved")
 
     if args.write_debug:
         if args.steps < 1:

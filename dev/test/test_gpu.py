@@ -80,6 +80,15 @@ def test_tie_out(build, debug_states, precision, case):
     assert "all checks passed" in result.stdout
 
 
+@pytest.mark.parametrize("precision", ["FP32", "BF16"])
+def test_tie_out_with_recompute(build, debug_states, precision):
+    model, debug = debug_states["test-tied"]
+    result = run([build[precision]["test"], model, debug, "2"])
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all checks passed" in result.stdout
+
+
 @pytest.fixture(scope="module")
 def small_run_inputs(tmp_path_factory):
     """A test-gqa checkpoint and random token shards (ids < 259) for trainer runs."""
@@ -128,6 +137,26 @@ def test_resume_is_bit_identical(build, small_run_inputs, tmp_path, precision):
     # the same seed and flags give the same run
     again = run(cmd("again"))
     assert losses(again.stdout) == full_losses
+
+
+def test_recompute_and_master_options(build, small_run_inputs, tmp_path):
+    """Recomputing activations changes nothing, bit for bit; training without master weights still learns."""
+    train = build["BF16"]["train"]
+    runs = {level: run(train_cmd(train, small_run_inputs, tmp_path / f"r{level}", 8, "-R", str(level), "-n", "0"))
+            for level in ("0", "1", "2")}
+    for result in runs.values():
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert losses(runs["0"].stdout) == losses(runs["1"].stdout) == losses(runs["2"].stdout)
+    no_master = run(train_cmd(train, small_run_inputs, tmp_path / "w0", 8, "-W", "0", "-n", "0"))
+    assert no_master.returncode == 0, no_master.stdout + no_master.stderr
+    steps = losses(no_master.stdout)
+    assert len(steps) == 8 and float(steps[-1][1]) < float(steps[0][1])
+
+
+def test_profile_table(build, small_run_inputs, tmp_path):
+    result = run(train_cmd(build["BF16"]["train"], small_run_inputs, tmp_path / "p", 4, "-p", "1", "-n", "0"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "profile:" in result.stdout and "fwd attention" in result.stdout and "optimizer" in result.stdout
 
 
 def test_checkpoints_kept_and_atomic(build, small_run_inputs, tmp_path):

@@ -1,0 +1,102 @@
+// Where the time goes: named regions of the training step.
+//
+// Every region is an NVTX range, so nsys and ncu users see the step's structure (NVTX is header-only and costs
+// next to nothing when no profiler listens). With timing on (train_llama3cu -p 1), each region is also bracketed by
+// CUDA events on the stream; after each step, collect() adds up the elapsed times per region name, and report()
+// prints a table of milliseconds per step and share of the step. Regions with the same name (the same part of
+// every layer) add up. Regions must not nest when timing: each one's time is its own.
+#pragma once
+
+#include <nvtx3/nvToolsExt.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cuda_common.h"
+
+struct Profiler {
+    bool timing = false;
+    cudaStream_t stream = 0;
+    struct Region {
+        std::string name;
+        double total_ms = 0.0;
+    };
+    std::vector<Region> regions;  // in first-seen order, which is step order
+    std::vector<cudaEvent_t> events;
+    std::vector<int> pending;  // region index of each begin/end event pair recorded this step
+    int steps = 0;
+
+    void begin(const char* name) {
+        nvtxRangePushA(name);
+        if (!timing) return;
+        int index = -1;
+        for (size_t i = 0; i < regions.size(); i++) {
+            if (regions[i].name == name) { index = (int)i; break; }
+        }
+        if (index < 0) {
+            regions.push_back({name, 0.0});
+            index = (int)regions.size() - 1;
+        }
+        pending.push_back(index);
+        record(2 * pending.size() - 2);
+    }
+
+    void end() {
+        nvtxRangePop();
+        if (timing) record(2 * pending.size() - 1);
+    }
+
+    // After the step's work has finished (the caller synchronised): add up this step's region times.
+    void collect() {
+        if (!timing) return;
+        for (size_t i = 0; i < pending.size(); i++) {
+            float ms = 0.0f;
+            cudaCheck(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
+            regions[pending[i]].total_ms += ms;
+        }
+        pending.clear();
+        steps++;
+    }
+
+    void report(double step_ms) const {
+        if (!timing || steps == 0) return;
+        double sum = 0.0;
+        for (const Region& r : regions) sum += r.total_ms / steps;
+        printf("profile: mean ms per step over %d steps (regions sum to %.2f ms; step wall time %.2f ms)\n", steps,
+               sum, step_ms);
+        for (const Region& r : regions) {
+            double ms = r.total_ms / steps;
+            printf("  %-28s %9.3f ms  %5.1f%%\n", r.name.c_str(), ms, 100.0 * ms / sum);
+        }
+    }
+
+    ~Profiler() {
+        for (cudaEvent_t e : events) cudaEventDestroy(e);
+    }
+
+  private:
+    void record(size_t slot) {
+        while (events.size() <= slot) {
+            cudaEvent_t e;
+            cudaCheck(cudaEventCreate(&e));
+            events.push_back(e);
+        }
+        cudaCheck(cudaEventRecord(events[slot], stream));
+    }
+};
+
+// Brackets a C++ scope as a region.
+struct ProfileScope {
+    Profiler& profiler;
+    ProfileScope(Profiler& p, const char* name) : profiler(p) { profiler.begin(name); }
+    ~ProfileScope() { profiler.end(); }
+};
+
+// Keeps work outside the training step (evaluation, samples) out of the timing table while it is in scope.
+struct ProfilerPause {
+    Profiler& profiler;
+    bool was_timing;
+    explicit ProfilerPause(Profiler& p) : profiler(p), was_timing(p.timing) { profiler.timing = false; }
+    ~ProfilerPause() { profiler.timing = was_timing; }
+};
