@@ -207,7 +207,9 @@ class Llama3(nn.Module):
         logits = F.linear(x, head)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+            # no explicit upcast: fp32 logits stay fp32, and under bf16 autocast cross_entropy runs in fp32 anyway
+            # (torch.compile can then fuse the upcast instead of materialising fp32 logits)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
 
     def tensors_in_file_order(self):

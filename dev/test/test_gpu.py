@@ -91,7 +91,7 @@ def test_tie_out_with_recompute(build, debug_states, precision):
 
 @pytest.fixture(scope="module")
 def small_run_inputs(tmp_path_factory):
-    """A test-gqa checkpoint and random token shards (ids < 259) for trainer runs."""
+    """A test-gqa checkpoint and token shards (ids < 259) for trainer runs."""
     out = tmp_path_factory.mktemp("run")
     model = out / "model.bin"
     result = run(["python3", "scripts/train_llama3.py", "--config", "test-gqa", "--steps", "0", "--device", "cpu",
@@ -101,7 +101,11 @@ def small_run_inputs(tmp_path_factory):
     for split, count in (("train", 40000), ("val", 5000)):
         header = np.zeros(256, dtype=np.int32)
         header[:3] = [20240801, 7, count]
-        tokens = rng.integers(0, 259, size=count, dtype=np.uint32)
+        # learnable: each token follows from the previous one by a fixed rule, with 10% random tokens
+        tokens = np.zeros(count, dtype=np.uint32)
+        noise = rng.integers(0, 259, size=count)
+        for i in range(1, count):
+            tokens[i] = noise[i] if noise[i] < 26 else (tokens[i - 1] * 7 + 3) % 259
         with open(out / f"tok_{split}.bin", "wb") as f:
             f.write(header.tobytes())
             f.write(tokens.tobytes())
