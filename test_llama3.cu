@@ -28,23 +28,7 @@ constexpr double LOGITS_MAX_REL = 1e-1, LOGITS_REL_NORM = 2e-2, GRAD_MAX_REL = 2
 constexpr double LOSS_TOL = 2e-2, STEP_LOSS_TOL = 5e-2, NORM_REL_TOL = 5e-2;
 #endif
 
-static int failures = 0;
-
-static void check_tensor(const char* name, const float* got, const float* ref, size_t n, double max_rel_tol,
-                         double rel_norm_tol) {
-    TensorError e = tensor_error(got, ref, n);
-    bool ok = e.finite && e.max_rel <= max_rel_tol && e.rel_norm <= rel_norm_tol;
-    printf("%-14s max_rel %.2e  rel_norm %.2e  (worst [%zu]: got %.8g ref %.8g)  %s\n", name, e.max_rel, e.rel_norm,
-           e.worst, got[e.worst], ref[e.worst], ok ? "OK" : "FAIL");
-    if (!ok) failures++;
-}
-
-static void check_scalar(const char* name, float got, float ref, double abs_tol, double rel_tol) {
-    double diff = fabs((double)got - ref);
-    bool ok = std::isfinite(got) && (diff <= abs_tol || diff <= rel_tol * fabs(ref));
-    printf("%-14s got %.8f ref %.8f  diff %.2e  %s\n", name, got, ref, diff, ok ? "OK" : "FAIL");
-    if (!ok) failures++;
-}
+static TieOutChecks checks;
 
 template <typename T>
 static std::vector<float> to_host_floats(const T* device, size_t n) {
@@ -89,8 +73,8 @@ int main(int argc, char** argv) {
     model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 0.0f);
     float loss = model.mean_loss(N);
     std::vector<float> logits = to_host_floats(model.acts.logits.ptr, (size_t)N * c.vocab_size);
-    check_tensor("logits", logits.data(), ref.logits.data(), logits.size(), LOGITS_MAX_REL, LOGITS_REL_NORM);
-    check_scalar("loss", loss, ref.loss, LOSS_TOL, 0.0);
+    checks.tensor("logits", logits.data(), ref.logits.data(), logits.size(), LOGITS_MAX_REL, LOGITS_REL_NORM);
+    checks.scalar("loss", loss, ref.loss, LOSS_TOL, 0.0);
 
     // forward + backward: every parameter gradient
     model.zero_grad();
@@ -102,7 +86,7 @@ int main(int argc, char** argv) {
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         if (layout.sizes[t] == 0) continue;
         std::string name = std::string("d") + layout.names[t];
-        check_tensor(name.c_str(), grads.data() + offset, ref.grads.data() + offset, layout.sizes[t], GRAD_MAX_REL,
+        checks.tensor(name.c_str(), grads.data() + offset, ref.grads.data() + offset, layout.sizes[t], GRAD_MAX_REL,
                      GRAD_REL_NORM);
         offset += layout.sizes[t];
     }
@@ -120,15 +104,10 @@ int main(int argc, char** argv) {
         model.update(ref.lr, ref.beta1, ref.beta2, ref.eps, ref.weight_decay, scale, step, 1337u);
         char name[32];
         snprintf(name, sizeof(name), "step %d loss", step);
-        check_scalar(name, step_loss, ref.step_losses[step - 1], step <= 5 ? LOSS_TOL : STEP_LOSS_TOL, 0.0);
+        checks.scalar(name, step_loss, ref.step_losses[step - 1], step <= 5 ? LOSS_TOL : STEP_LOSS_TOL, 0.0);
         snprintf(name, sizeof(name), "step %d norm", step);
-        check_scalar(name, norm, ref.step_norms[step - 1], 0.0, NORM_REL_TOL);
+        checks.scalar(name, norm, ref.step_norms[step - 1], 0.0, NORM_REL_TOL);
     }
     matmul_destroy();
-    if (failures > 0) {
-        printf("FAILED: %d check(s)\n", failures);
-        return 1;
-    }
-    printf("all checks passed\n");
-    return 0;
+    return checks.finish();
 }

@@ -6,7 +6,8 @@
 //   ./train_llama3cu -h                     # every flag and its default
 //
 // floatX (llmc/cuda_common.h) is the type of parameters, activations and gradients: bf16, or fp32 for the exact
-// tie-out build. The optimizer keeps fp32 m, v and (in bf16 builds) fp32 master weights.
+// tie-out build. The optimizer keeps fp32 m, v and (in bf16 builds) fp32 master weights. Parameters and
+// gradients are each one flat buffer in checkpoint order (llmc/checkpoint.h), viewed through ParamTensors.
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -33,25 +34,6 @@
 #include "llmc/fused_classifier.cuh"
 #include "llmc/global_norm.cuh"
 #include "llmc/adamw.cuh"
-
-// ----------------------------------------------------------------------------------------------------------------
-// Parameters: one flat floatX buffer in checkpoint order (llmc/checkpoint.h), gradients the same shape.
-
-struct ParamTensors {
-    floatX *tok_embedding, *attn_norm, *wqkv, *wo, *ffn_norm, *w13, *w2, *final_norm, *lm_head;
-};
-
-inline ParamTensors point_params(floatX* base, const Llama3Config& c) {
-    ParamLayout layout = param_layout(c);
-    floatX* ptrs[NUM_PARAM_TENSORS];
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        ptrs[i] = base;
-        base += layout.sizes[i];
-    }
-    ParamTensors p{ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], ptrs[7], ptrs[8]};
-    if (c.tied_embeddings) p.lm_head = p.tok_embedding;
-    return p;
-}
 
 // ----------------------------------------------------------------------------------------------------------------
 // Activations kept from the forward for the backward, for B*T = N rows, per layer unless noted. With activation
@@ -210,7 +192,7 @@ struct Llama3 {
         int N = b * t, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, hd = c.head_dim(), QKV = c.qkv_dim();
         int F = c.ffn_hidden, V = c.vocab_size, L = c.n_layers;
         size_t NC = (size_t)N * C;
-        ParamTensors p = point_params(params.ptr, c);
+        ParamTensors<floatX> p = point_params(params.ptr, c);
         Activations& a = acts;
         Profiler& prof = profiler;
         host_inputs.assign(inputs, inputs + N);
@@ -263,7 +245,7 @@ struct Llama3 {
             prof.end();
         }
         if (targets == nullptr) return;
-        ParamTensors g = point_params(grads.ptr, c);
+        ParamTensors<floatX> g = point_params(grads.ptr, c);
         ProfileScope scope(prof, "classifier (fwd + bwd)");
         for (int row = 0; row < N; row += classifier_chunk) {
             int rows = std::min(classifier_chunk, N - row);
@@ -293,8 +275,8 @@ struct Llama3 {
         int N = b * t, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, hd = c.head_dim(), QKV = c.qkv_dim();
         int F = c.ffn_hidden, L = c.n_layers;
         size_t NC = (size_t)N * C;
-        ParamTensors p = point_params(params.ptr, c);
-        ParamTensors g = point_params(grads.ptr, c);
+        ParamTensors<floatX> p = point_params(params.ptr, c);
+        ParamTensors<floatX> g = point_params(grads.ptr, c);
         Activations& a = acts;
         Profiler& prof = profiler;
         prof.begin("bwd final norm");
@@ -669,7 +651,7 @@ static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, 
     std::vector<int> tokens = {tokenizer.bos_id >= 0 ? tokenizer.bos_id : 0};
     std::vector<floatX> logits(c.vocab_size);
     std::vector<float> probs(c.vocab_size);
-    ParamTensors p = point_params(model.params.ptr, c);
+    ParamTensors<floatX> p = point_params(model.params.ptr, c);
     while ((int)tokens.size() < max_len) {
         int n = (int)tokens.size();
         model.forward(tokens.data(), nullptr, 1, n, 0.0f);

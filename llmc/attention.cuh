@@ -45,6 +45,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "cuda_common.h"
 
@@ -404,8 +405,605 @@ __global__ void __launch_bounds__(ATTN_THREADS)
     attn_store_tile<HDP>(dqkv_b + (size_t)(H + KV + kvh) * hd, qkv_stride, dv, v_mult, k0, T, hd, ty, tx);
 }
 
+// ================================================================================================================
+// Tensor-core path (bf16 build, head_dim HD = 64 or 128), FlashAttention-2 style
+// ================================================================================================================
+//
+// Instruction: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: D (16 x 8 fp32) += A (16 x 16) B (16 x 8), bf16.
+// Fragment ownership (PTX ISA, "Matrix fragments for mma.m16n8k16"), with g = lane / 4 and c = 2 (lane % 4):
+//   A (M x K, row):   a0 = A[g][c, c+1]    a1 = A[g+8][c, c+1]    a2 = A[g][c+8, c+9]    a3 = A[g+8][c+8, c+9]
+//   B (K x N, col):   b0 = B[c, c+1][g]    b1 = B[c+8, c+9][g]
+//   C/D (M x N):      d0, d1 = D[g][c, c+1]                       d2, d3 = D[g+8][c, c+1]
+// Each 32-bit A/B register holds two bf16, the lower column (k) index in the low half. Consequences used throughout:
+//   * A lane owns rows g and g+8 of its warp's 16-row slice of every accumulator, so row statistics (the online
+//     softmax max and sum) need only a reduction over the 4 lanes of a quad (shfl xor 1, 2).
+//   * The accumulators of two adjacent n8 tiles 2kk, 2kk+1 (columns 16kk .. 16kk+15) are exactly an A fragment with
+//     k = those 16 columns: {pack(d0,d1) of 2kk, pack(d2,d3) of 2kk, pack(d0,d1) of 2kk+1, pack(d2,d3) of 2kk+1}.
+//     So P (or dS), computed in accumulator registers, feeds the next matmul as its A operand without a trip through
+//     shared memory (the FA2 register-reuse trick).
+//   * B operands: a tile stored row-major as X[n][k] (K for S = Q K^T, Q for S^T = K Q^T, V for dP = dO V^T, dO for
+//     dP^T = V dO^T) is a "col" B as it stands: plain ldmatrix gives b0, b1. A tile stored as X[k][n] (V for O = P V,
+//     dO for dV = P^T dO, K for dQ = dS K, Q for dK = dS^T Q) needs ldmatrix.trans.
+// ldmatrix.x4 loads four 8x8 bf16 matrices: lanes 8i .. 8i+7 supply the 8 row addresses of matrix i, and register i
+// of every lane receives element [g][c, c+1] of matrix i (.trans: of its transpose). Per-lane addresses, relative to
+// the 16 x 16 block loaded (r = lane % 8):
+//   A fragment:          row = lane % 16,               col = 8 (lane / 16)        -> a0, a1, a2, a3
+//   B, two n8 tiles:     row = r + 8 (lane / 16),       col = 8 ((lane / 8) % 2)   -> b0, b1 (tile 0), b0, b1 (tile 1)
+//   B .trans, two n8:    row = r + 8 ((lane / 8) % 2),  col = 8 (lane / 16)        -> b0, b1 (tile 0), b0, b1 (tile 1)
+// (.trans case: the stored rows are k, the stored columns n.)
+//
+// Shared memory: bf16 tiles, row-major, rows padded from HD to HD + 8 elements. The row stride is then HD/8 + 1
+// 16-byte chunks with HD/8 a multiple of 8, so the 8 row addresses of an ldmatrix matrix fall in 8 different 16-byte
+// bank groups: conflict-free; cp.async 16-byte writes of consecutive chunks are conflict-free too, and every row start
+// stays 16-byte aligned. Global rows are 16-byte aligned because HD is a multiple of 8 and the base pointers are
+// (checked on the host). Tiles are loaded with cp.async.cg (16 bytes, via L2); rows >= T are zero-filled (src-size 0),
+// so masked entries multiply zeros, never uninitialised memory that could hold NaN.
+//
+// Forward: CTA = (64 queries, head, batch), 4 warps; warp w owns queries q0 + 16w .. +15. Its Q fragments stay in
+// registers (HD/16 x 4 regs). K and V tiles of 64 keys stream through a 2-stage cp.async pipeline (tile j+1 loads
+// while tile j is computed), only up to the causal diagonal. Per tile and warp: S = Q K^T (16 x 64, 32 fp32 regs);
+// the causal mask only on the diagonal tile; online softmax in the log2 domain (scores times scale log2 e, exp2f);
+// P packed to bf16 A fragments; O (16 x HD fp32, HD/2 regs) = alpha O + P V. Epilogue: O / l staged through the
+// warp's own (dead) rows of the Q tile for 16-byte stores; lse = (m + log2 l) ln 2.
+// smem: Q 64 x (HD+8) + 2 stages x (K, V) 64 x (HD+8), bf16: 45 KiB (HD 64), 85 KiB (HD 128).
+//
+// Backward: D = rowsum(dO o O) by attention_delta_kernel (shared with the scalar path), then two kernels in which
+// every output element has one writer and a fixed summation order (deterministic, no atomics):
+//   dK/dV: CTA = (64 keys, kv head, batch); warp w owns keys k0 + 16w .. +15; the K, V tiles stay in smem. Loops over
+//     the group's query heads and, for each, over query tiles of BQ from the diagonal to T (2-stage cp.async pipeline
+//     of Q, dO, and plain loads of lse, D). Per tile and warp, transposed (rows = the warp's keys, columns = queries):
+//     S^T = K Q^T and dP^T = V dO^T (16 x BQ each); P^T = exp2(S^T scale log2 e - lse log2 e), set to 0 where
+//     key > query or query >= T; dS^T = P^T o (dP^T - D); dV += P^T dO and dK += dS^T Q, with P^T and dS^T reused
+//     from the accumulators as A fragments. dK is multiplied by scale once, at the store.
+//     smem: (K, V) 64 x (HD+8) + 2 stages x (Q, dO) BQ x (HD+8) bf16 + 2 x 2 x BQ fp32.
+//   dQ: CTA = (64 queries, head, batch); warp w owns 16 queries; Q, dO stay in smem; K, V tiles of 64 keys up to the
+//     diagonal through the 2-stage pipeline; recomputes S, P, dP, dS per tile and accumulates dQ += dS K (fp32
+//     registers); dQ times scale at the store. smem as the forward's plus a dO tile.
+// The split recomputes S and dP in both kernels (7 matmuls instead of 5) in exchange for determinism without atomics
+// or a T x T buffer.
+#if !defined(ENABLE_FP32)
+
+constexpr int ATC_WARPS = 4;
+constexpr int ATC_THREADS = 32 * ATC_WARPS;
+constexpr int ATC_ROWS = 16 * ATC_WARPS;  // rows a CTA owns (queries; keys in dK/dV): 16 per warp
+constexpr int ATC_KEYS = 64;              // keys per streamed K/V tile (forward, dQ)
+
 // ----------------------------------------------------------------------------------------------------------------
+// PTX wrappers
+
+__device__ __forceinline__ uint32_t atc_smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy, asynchronous; src_bytes = 0 writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void atc_cp_async16(uint32_t dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void atc_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void atc_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void atc_ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+__device__ __forceinline__ void atc_ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// d += a b, one m16n8k16 bf16 mma with fp32 accumulation.
+__device__ __forceinline__ void atc_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> bf16x2 (lo in the low half: the lower column index, as the fragments want).
+__device__ __forceinline__ uint32_t atc_pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// A fragment for k-step kk from two adjacent n8 accumulator tiles (the register-reuse trick above).
+__device__ __forceinline__ void atc_acc_to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+    a[0] = atc_pack_bf16(lo[0], lo[1]);
+    a[1] = atc_pack_bf16(lo[2], lo[3]);
+    a[2] = atc_pack_bf16(hi[0], hi[1]);
+    a[3] = atc_pack_bf16(hi[2], hi[3]);
+}
+
+// Per-lane ldmatrix addresses (byte offsets into a row-major tile with leading dimension LD elements) of the 16 x 16
+// block at (row0, col0), for the three patterns in the section comment.
+template <int LD>
+__device__ __forceinline__ uint32_t atc_off_a(int row0, int col0, int lane) {
+    return 2u * ((row0 + lane % 16) * LD + col0 + 8 * (lane / 16));
+}
+template <int LD>
+__device__ __forceinline__ uint32_t atc_off_b(int row0, int col0, int lane) {
+    return 2u * ((row0 + lane % 8 + 8 * (lane / 16)) * LD + col0 + 8 * ((lane / 8) % 2));
+}
+template <int LD>
+__device__ __forceinline__ uint32_t atc_off_bt(int row0, int col0, int lane) {
+    return 2u * ((row0 + lane % 8 + 8 * ((lane / 8) % 2)) * LD + col0 + 8 * (lane / 16));
+}
+
+// Issues cp.async loads of rows [r0, r0 + ROWS) of one head into a (ROWS, HD + 8) smem tile; src points at row 0,
+// column 0 of the head, rows `row_stride` elements apart. Rows >= T are zero-filled (the source address is clamped
+// to row 0, which always exists, though nothing is read). The caller commits the group.
+template <int HD, int ROWS>
+__device__ __forceinline__ void atc_load_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, size_t row_stride, int r0,
+                                              int T) {
+    constexpr int CHUNKS = HD / 8, LD = HD + 8;  // 16-byte chunks per row
+    static_assert((ROWS * CHUNKS) % ATC_THREADS == 0, "tile must split evenly over the CTA");
+#pragma unroll
+    for (int i = 0; i < ROWS * CHUNKS / ATC_THREADS; i++) {
+        const int idx = i * ATC_THREADS + threadIdx.x;
+        const int r = idx / CHUNKS, c = idx % CHUNKS;  // consecutive threads: consecutive chunks of a row
+        const bool valid = r0 + r < T;
+        const __nv_bfloat16* g = src + (size_t)(valid ? r0 + r : 0) * row_stride + 8 * c;
+        atc_cp_async16(atc_smem_u32(dst + r * LD + 8 * c), g, valid ? 16 : 0);
+    }
+}
+
+// Stores a warp's 16 x HD fp32 accumulator (times mult) as bf16: first into the warp's own 16 rows of a smem tile
+// (which no other warp reads), then 16-byte chunks to global rows r0 .. r0+15 (dst: row 0, column 0 of the head),
+// skipping rows >= T.
+template <int HD>
+__device__ __forceinline__ void atc_store_warp_rows(__nv_bfloat16* dst, size_t row_stride, __nv_bfloat16* stage,
+                                                    const float (&acc)[HD / 8][4], float mult0, float mult1, int r0,
+                                                    int T, int lane) {
+    constexpr int LD = HD + 8, CHUNKS = HD / 8;
+    const int g = lane / 4, c = 2 * (lane % 4);
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; nt++) {
+        *reinterpret_cast<uint32_t*>(stage + g * LD + 8 * nt + c) =
+            atc_pack_bf16(acc[nt][0] * mult0, acc[nt][1] * mult0);
+        *reinterpret_cast<uint32_t*>(stage + (g + 8) * LD + 8 * nt + c) =
+            atc_pack_bf16(acc[nt][2] * mult1, acc[nt][3] * mult1);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 16 * CHUNKS / 32; i++) {
+        const int idx = i * 32 + lane, r = idx / CHUNKS, ch = idx % CHUNKS;
+        if (r0 + r < T) {
+            *reinterpret_cast<int4*>(dst + (size_t)(r0 + r) * row_stride + 8 * ch) =
+                *reinterpret_cast<const int4*>(stage + r * LD + 8 * ch);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Forward
+
+template <int HD>
+constexpr size_t attention_forward_tc_smem_bytes() {
+    return sizeof(__nv_bfloat16) * (HD + 8) * (ATC_ROWS + 4 * ATC_KEYS);
+}
+
+// grid (B * H, ceil(T / 64)), block 128.
+template <int HD>
+__global__ void __launch_bounds__(ATC_THREADS, 2)
+    attention_forward_tc_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int T, int H, int KV,
+                                float scale_log2) {
+    constexpr int LD = HD + 8, BN = ATC_KEYS;
+    extern __shared__ int4 atc_smem_fwd[];
+    __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(atc_smem_fwd);  // (64, LD)
+    __nv_bfloat16* Ks = Qs + ATC_ROWS * LD;                               // 2 stages x (64, LD)
+    __nv_bfloat16* Vs = Ks + 2 * BN * LD;                                 // 2 stages x (64, LD)
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+    const int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV);
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * ATC_ROWS;  // the longest (last) query tiles are scheduled first
+    const int qw = q0 + 16 * warp;                            // the warp's first query
+    const size_t stride = (size_t)(H + 2 * KV) * HD;
+    const __nv_bfloat16* q_src = qkv + (size_t)b * T * stride + (size_t)h * HD;
+    const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
+    const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
+
+    // Causal: keys up to the tile's last query. n_tiles >= 1 since q0 < T.
+    const int n_tiles = ceil_div(min(q0 + ATC_ROWS, T), BN);
+    atc_load_tile<HD, ATC_ROWS>(Qs, q_src, stride, q0, T);
+    atc_load_tile<HD, BN>(Ks, k_src, stride, 0, T);
+    atc_load_tile<HD, BN>(Vs, v_src, stride, 0, T);
+    atc_cp_async_commit();
+
+    uint32_t qf[HD / 16][4];  // the warp's 16 x HD query block as A fragments, one per k-step of 16
+    float o[HD / 8][4];       // O accumulator: n8 tile nt holds columns 8 nt .. 8 nt + 7
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY};  // running max of rows g, g+8 (log2 domain, scaled)
+    float l[2] = {0.0f, 0.0f};            // this lane's part of the running row sums
+
+    for (int j = 0; j < n_tiles; j++) {
+        const int stage = j % 2;
+        if (j + 1 < n_tiles) {  // prefetch tile j+1 into the other stage (freed by the __syncthreads ending j-1)
+            atc_load_tile<HD, BN>(Ks + (1 - stage) * BN * LD, k_src, stride, (j + 1) * BN, T);
+            atc_load_tile<HD, BN>(Vs + (1 - stage) * BN * LD, v_src, stride, (j + 1) * BN, T);
+            atc_cp_async_commit();
+            atc_cp_async_wait<1>();  // tile j (and Q) landed; tile j+1 may still be in flight
+        } else {
+            atc_cp_async_wait<0>();
+        }
+        __syncthreads();  // everyone's copies of tile j visible
+
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                atc_ldsm_x4(qf[kk], atc_smem_u32(Qs) + atc_off_a<LD>(16 * warp, 16 * kk, lane));
+            }
+        }
+        const int k0 = j * BN;
+        if (k0 <= qw + 15) {  // warp-uniform: the tile has keys visible to some query of this warp
+            const uint32_t k_base = atc_smem_u32(Ks + stage * BN * LD), v_base = atc_smem_u32(Vs + stage * BN * LD);
+            float s[BN / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+                for (int np = 0; np < BN / 16; np++) {
+                    uint32_t kb[4];
+                    atc_ldsm_x4(kb, k_base + atc_off_b<LD>(16 * np, 16 * kk, lane));
+                    atc_mma(s[2 * np], qf[kk], kb[0], kb[1]);
+                    atc_mma(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+                }
+            }
+            if (k0 + BN - 1 > qw) {  // diagonal tile: some key is after some query of the warp
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = k0 + 8 * nt + c + (e % 2), q = qw + g + 8 * (e / 2);
+                        if (key > q) s[nt][e] = -INFINITY;
+                    }
+                }
+            }
+            // Online softmax for rows g (r = 0: elements 0, 1) and g+8 (r = 1: elements 2, 3).
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));  // the 4 lanes of a quad share the row
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                const float m_new = fmaxf(m[r], mx * scale_log2);
+                // Every row sees key 0 in tile 0, so m_new is finite; the guard keeps a fully masked row from
+                // computing (-inf) - (-inf) = NaN all the same.
+                const float base = m_new == -INFINITY ? 0.0f : m_new;
+                const float alpha = exp2f(m[r] - base);  // rescales what was accumulated under the old max
+                m[r] = m_new;
+                float sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+                    for (int e = 2 * r; e < 2 * r + 2; e++) {
+                        s[nt][e] = exp2f(fmaf(s[nt][e], scale_log2, -base));  // masked: exp2(-inf) = 0
+                        sum += s[nt][e];
+                    }
+                }
+                l[r] = l[r] * alpha + sum;
+#pragma unroll
+                for (int nt = 0; nt < HD / 8; nt++) {
+                    o[nt][2 * r] *= alpha;
+                    o[nt][2 * r + 1] *= alpha;
+                }
+            }
+            // O += P V: P from the S accumulators (bf16 A fragments), V tile as B via ldmatrix.trans.
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                uint32_t pa[4];
+                atc_acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+                for (int dp = 0; dp < HD / 16; dp++) {
+                    uint32_t vb[4];
+                    atc_ldsm_x4_trans(vb, v_base + atc_off_bt<LD>(16 * kk, 16 * dp, lane));
+                    atc_mma(o[2 * dp], pa, vb[0], vb[1]);
+                    atc_mma(o[2 * dp + 1], pa, vb[2], vb[3]);
+                }
+            }
+        }
+        __syncthreads();  // all warps done with this stage before the next iteration's prefetch overwrites it
+    }
+
+    float inv_l[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float sum = l[r];
+        sum += __shfl_xor_sync(0xffffffff, sum, 1);
+        sum += __shfl_xor_sync(0xffffffff, sum, 2);
+        inv_l[r] = 1.0f / sum;
+        const int q = qw + g + 8 * r;
+        if (lane % 4 == 0 && q < T) lse[(size_t)blockIdx.x * T + q] = (m[r] + log2f(sum)) * ATTN_LN2;
+    }
+    const size_t out_stride = (size_t)H * HD;
+    atc_store_warp_rows<HD>(out + (size_t)b * T * out_stride + (size_t)h * HD, out_stride, Qs + 16 * warp * LD, o,
+                            inv_l[0], inv_l[1], qw, T, lane);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Backward
+
+// Query tile of the dK/dV kernel: 64 for HD 64; 32 for HD 128, which keeps S^T and dP^T at 16 fp32 registers each
+// next to the 2 x 64 of the dK, dV accumulators (no spills).
+template <int HD>
+__host__ __device__ constexpr int atc_dkdv_bq() {
+    return HD <= 64 ? 64 : 32;
+}
+
+template <int HD>
+constexpr size_t attention_backward_dkdv_tc_smem_bytes() {
+    return sizeof(__nv_bfloat16) * (HD + 8) * (2 * ATC_ROWS + 4 * atc_dkdv_bq<HD>()) +
+           sizeof(float) * 4 * atc_dkdv_bq<HD>();
+}
+
+// dk, dv for one (b, kv head, tile of 64 keys). grid (B * KV, ceil(T / 64)), block 128.
+template <int HD>
+__global__ void __launch_bounds__(ATC_THREADS, 2)
+    attention_backward_dkdv_tc_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                      const float* lse, const float* delta, int T, int H, int KV, float scale,
+                                      float scale_log2) {
+    constexpr int LD = HD + 8, BQ = atc_dkdv_bq<HD>();
+    extern __shared__ int4 atc_smem_dkdv[];
+    __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(atc_smem_dkdv);  // (64, LD)
+    __nv_bfloat16* Vs = Ks + ATC_ROWS * LD;                                // (64, LD)
+    __nv_bfloat16* Qs = Vs + ATC_ROWS * LD;                                // 2 stages x (BQ, LD)
+    __nv_bfloat16* dOs = Qs + 2 * BQ * LD;                                 // 2 stages x (BQ, LD)
+    float* lse2_s = reinterpret_cast<float*>(dOs + 2 * BQ * LD);           // 2 stages x BQ: lse log2(e)
+    float* D_s = lse2_s + 2 * BQ;                                          // 2 stages x BQ: delta
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+    const int b = blockIdx.x / KV, kvh = blockIdx.x % KV, group = H / KV;
+    const int k0 = blockIdx.y * ATC_ROWS;  // the first key tiles see the most queries: scheduled first
+    const int kw = k0 + 16 * warp;         // the warp's first key
+    const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
+    const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
+    const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
+
+    // Work items: (query head g_i of the group, query tile from the diagonal), flattened so that one pipeline runs
+    // through all of them in a fixed order. k0 is a multiple of 64, hence of BQ: queries before k0 see no key here.
+    const int n_q = ceil_div(T - k0, BQ), n_items = group * n_q;
+    auto issue = [&](int item, int stage) {
+        const int h = kvh * group + item / n_q, q0 = k0 + (item % n_q) * BQ;
+        atc_load_tile<HD, BQ>(Qs + stage * BQ * LD, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
+        atc_load_tile<HD, BQ>(dOs + stage * BQ * LD, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0,
+                              T);
+        const size_t row = ((size_t)b * H + h) * T;  // (b, h) row of lse and delta
+        for (int i = threadIdx.x; i < BQ; i += ATC_THREADS) {  // plain loads: visible after the next __syncthreads
+            const int q = q0 + i;
+            lse2_s[stage * BQ + i] = q < T ? lse[row + q] * ATTN_LOG2E : 0.0f;
+            D_s[stage * BQ + i] = q < T ? delta[row + q] : 0.0f;
+        }
+    };
+
+    atc_load_tile<HD, ATC_ROWS>(Ks, k_src, stride, k0, T);
+    atc_load_tile<HD, ATC_ROWS>(Vs, v_src, stride, k0, T);
+    issue(0, 0);
+    atc_cp_async_commit();
+
+    float dk[HD / 8][4], dv[HD / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[nt][e] = dv[nt][e] = 0.0f;
+    }
+    const uint32_t k_base = atc_smem_u32(Ks), v_base = atc_smem_u32(Vs);
+
+    for (int it = 0; it < n_items; it++) {
+        const int stage = it % 2;
+        if (it + 1 < n_items) {
+            issue(it + 1, 1 - stage);
+            atc_cp_async_commit();
+            atc_cp_async_wait<1>();
+        } else {
+            atc_cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        const int q0 = k0 + (it % n_q) * BQ;
+        if (kw <= q0 + BQ - 1) {  // warp-uniform: some query of the tile sees some key of the warp
+            const uint32_t q_base = atc_smem_u32(Qs + stage * BQ * LD), do_base = atc_smem_u32(dOs + stage * BQ * LD);
+            const float* lse2_t = lse2_s + stage * BQ;
+            const float* D_t = D_s + stage * BQ;
+            // S^T = K Q^T and dP^T = V dO^T: rows are the warp's 16 keys, columns the BQ queries.
+            float s[BQ / 8][4], dp[BQ / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < BQ / 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+            }
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t ka[4], va[4];
+                atc_ldsm_x4(ka, k_base + atc_off_a<LD>(16 * warp, 16 * kk, lane));
+                atc_ldsm_x4(va, v_base + atc_off_a<LD>(16 * warp, 16 * kk, lane));
+#pragma unroll
+                for (int np = 0; np < BQ / 16; np++) {
+                    uint32_t qb[4], ob[4];
+                    atc_ldsm_x4(qb, q_base + atc_off_b<LD>(16 * np, 16 * kk, lane));
+                    atc_mma(s[2 * np], ka, qb[0], qb[1]);
+                    atc_mma(s[2 * np + 1], ka, qb[2], qb[3]);
+                    atc_ldsm_x4(ob, do_base + atc_off_b<LD>(16 * np, 16 * kk, lane));
+                    atc_mma(dp[2 * np], va, ob[0], ob[1]);
+                    atc_mma(dp[2 * np + 1], va, ob[2], ob[3]);
+                }
+            }
+            // P^T, dS^T in place. Element (nt, e): key kw + g + 8 (e / 2), query q0 + 8 nt + c + e % 2.
+            // Masking is needed where some query precedes some key of the warp, or the tile runs past T.
+            const bool need_mask = q0 < kw + 15 || q0 + BQ > T;
+#pragma unroll
+            for (int nt = 0; nt < BQ / 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int qi = 8 * nt + c + e % 2;
+                    float p = exp2f(fmaf(s[nt][e], scale_log2, -lse2_t[qi]));
+                    if (need_mask) {
+                        const int q = q0 + qi, key = kw + g + 8 * (e / 2);
+                        if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
+                    }
+                    s[nt][e] = p;
+                    dp[nt][e] = p * (dp[nt][e] - D_t[qi]);
+                }
+            }
+            // dV += P^T dO and dK += dS^T Q: A from the accumulators, dO and Q tiles as B via ldmatrix.trans.
+#pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) {
+                uint32_t pa[4], dsa[4];
+                atc_acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+                atc_acc_to_a(dsa, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+                for (int dpr = 0; dpr < HD / 16; dpr++) {
+                    uint32_t ob[4], qb[4];
+                    atc_ldsm_x4_trans(ob, do_base + atc_off_bt<LD>(16 * kk, 16 * dpr, lane));
+                    atc_mma(dv[2 * dpr], pa, ob[0], ob[1]);
+                    atc_mma(dv[2 * dpr + 1], pa, ob[2], ob[3]);
+                    atc_ldsm_x4_trans(qb, q_base + atc_off_bt<LD>(16 * kk, 16 * dpr, lane));
+                    atc_mma(dk[2 * dpr], dsa, qb[0], qb[1]);
+                    atc_mma(dk[2 * dpr + 1], dsa, qb[2], qb[3]);
+                }
+            }
+        }
+        __syncthreads();  // all warps done with this stage before the next prefetch overwrites it
+    }
+
+    // The warp's own K and V rows are dead now: they stage the bf16 results.
+    __nv_bfloat16* dqkv_b = dqkv + (size_t)b * T * stride;
+    atc_store_warp_rows<HD>(dqkv_b + (size_t)(H + kvh) * HD, stride, Ks + 16 * warp * LD, dk, scale, scale, kw, T,
+                            lane);
+    atc_store_warp_rows<HD>(dqkv_b + (size_t)(H + KV + kvh) * HD, stride, Vs + 16 * warp * LD, dv, 1.0f, 1.0f, kw,
+                            T, lane);
+}
+
+template <int HD>
+constexpr size_t attention_backward_dq_tc_smem_bytes() {
+    return sizeof(__nv_bfloat16) * (HD + 8) * (2 * ATC_ROWS + 4 * ATC_KEYS);
+}
+
+// dq for one (b, h, tile of 64 queries). grid (B * H, ceil(T / 64)), block 128.
+template <int HD>
+__global__ void __launch_bounds__(ATC_THREADS, 2)
+    attention_backward_dq_tc_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                    const float* lse, const float* delta, int T, int H, int KV, float scale,
+                                    float scale_log2) {
+    constexpr int LD = HD + 8, BN = ATC_KEYS;
+    extern __shared__ int4 atc_smem_dq[];
+    __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(atc_smem_dq);  // (64, LD)
+    __nv_bfloat16* dOs = Qs + ATC_ROWS * LD;                             // (64, LD)
+    __nv_bfloat16* Ks = dOs + ATC_ROWS * LD;                             // 2 stages x (64, LD)
+    __nv_bfloat16* Vs = Ks + 2 * BN * LD;                                // 2 stages x (64, LD)
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+    const int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV);
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * ATC_ROWS;
+    const int qw = q0 + 16 * warp;
+    const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
+    const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
+    const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
+
+    const int n_tiles = ceil_div(min(q0 + ATC_ROWS, T), BN);
+    atc_load_tile<HD, ATC_ROWS>(Qs, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
+    atc_load_tile<HD, ATC_ROWS>(dOs, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0, T);
+    atc_load_tile<HD, BN>(Ks, k_src, stride, 0, T);
+    atc_load_tile<HD, BN>(Vs, v_src, stride, 0, T);
+    atc_cp_async_commit();
+
+    float lse2[2], D[2];  // rows g, g+8 of the warp; finite placeholders past T (those rows are never stored)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int q = qw + g + 8 * r;
+        lse2[r] = q < T ? lse[(size_t)blockIdx.x * T + q] * ATTN_LOG2E : 0.0f;
+        D[r] = q < T ? delta[(size_t)blockIdx.x * T + q] : 0.0f;
+    }
+    float dq[HD / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; nt++) dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
+    const uint32_t q_base = atc_smem_u32(Qs), do_base = atc_smem_u32(dOs);
+
+    for (int j = 0; j < n_tiles; j++) {
+        const int stage = j % 2;
+        if (j + 1 < n_tiles) {
+            atc_load_tile<HD, BN>(Ks + (1 - stage) * BN * LD, k_src, stride, (j + 1) * BN, T);
+            atc_load_tile<HD, BN>(Vs + (1 - stage) * BN * LD, v_src, stride, (j + 1) * BN, T);
+            atc_cp_async_commit();
+            atc_cp_async_wait<1>();
+        } else {
+            atc_cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        const int k0 = j * BN;
+        if (k0 <= qw + 15) {
+            const uint32_t k_base = atc_smem_u32(Ks + stage * BN * LD), v_base = atc_smem_u32(Vs + stage * BN * LD);
+            float s[BN / 8][4], dp[BN / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+            }
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t qa[4], oa[4];
+                atc_ldsm_x4(qa, q_base + atc_off_a<LD>(16 * warp, 16 * kk, lane));
+                atc_ldsm_x4(oa, do_base + atc_off_a<LD>(16 * warp, 16 * kk, lane));
+#pragma unroll
+                for (int np = 0; np < BN / 16; np++) {
+                    uint32_t kb[4], vb[4];
+                    atc_ldsm_x4(kb, k_base + atc_off_b<LD>(16 * np, 16 * kk, lane));
+                    atc_mma(s[2 * np], qa, kb[0], kb[1]);
+                    atc_mma(s[2 * np + 1], qa, kb[2], kb[3]);
+                    atc_ldsm_x4(vb, v_base + atc_off_b<LD>(16 * np, 16 * kk, lane));
+                    atc_mma(dp[2 * np], oa, vb[0], vb[1]);
+                    atc_mma(dp[2 * np + 1], oa, vb[2], vb[3]);
+                }
+            }
+            // dS in place of dP. Element (nt, e): query qw + g + 8 (e / 2), key k0 + 8 nt + c + e % 2.
+            // Diagonal tile. Keys >= T need no test of their own: they are after every valid query.
+            const bool need_mask = k0 + BN - 1 > qw;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e / 2;
+                    float p = exp2f(fmaf(s[nt][e], scale_log2, -lse2[r]));
+                    if (need_mask && k0 + 8 * nt + c + e % 2 > qw + g + 8 * r) p = 0.0f;
+                    dp[nt][e] = p * (dp[nt][e] - D[r]);
+                }
+            }
+            // dQ += dS K: dS from the accumulators, the K tile as B via ldmatrix.trans.
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                uint32_t dsa[4];
+                atc_acc_to_a(dsa, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+                for (int dpr = 0; dpr < HD / 16; dpr++) {
+                    uint32_t kb[4];
+                    atc_ldsm_x4_trans(kb, k_base + atc_off_bt<LD>(16 * kk, 16 * dpr, lane));
+                    atc_mma(dq[2 * dpr], dsa, kb[0], kb[1]);
+                    atc_mma(dq[2 * dpr + 1], dsa, kb[2], kb[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // The warp's own Q rows are dead now (each warp reads only its 16 rows of Qs): they stage the result.
+    atc_store_warp_rows<HD>(dqkv + (size_t)b * T * stride + (size_t)h * HD, stride, Qs + 16 * warp * LD, dq, scale,
+                            scale, qw, T, lane);
+}
+
+#endif  // !ENABLE_FP32
+
+// ================================================================================================================
 // Host API
+// ================================================================================================================
 
 inline void attention_check_args(const char* who, int B, int T, int n_heads, int n_kv_heads, int head_dim) {
     if (B <= 0 || T <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) {
@@ -431,6 +1029,19 @@ inline void attention_set_smem(Kernel kernel, size_t bytes, bool& done) {
     done = true;
 }
 
+// D (B, H, T) = rowsum(dout * out): the first step of both backward paths.
+inline void attention_delta(float* delta, const floatX* dout, const floatX* out, int B, int T, int H, int hd,
+                            cudaStream_t stream) {
+    const size_t rows = (size_t)B * H * T;
+    const int warps_per_block = 8;
+    attention_delta_kernel<<<(unsigned)ceil_div(rows, (size_t)warps_per_block), 32 * warps_per_block, 0, stream>>>(
+        delta, dout, out, B, T, H, hd);
+    cudaCheckLaunch();
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Scalar path launchers
+
 template <int HDP>
 inline void attention_forward_hdp(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
                                   cudaStream_t stream) {
@@ -443,9 +1054,9 @@ inline void attention_forward_hdp(floatX* out, float* lse, const floatX* qkv, in
     cudaCheckLaunch();
 }
 
-// out (B, T, H hd) and lse (B, H, T) fp32, both OVERWRITTEN, from qkv (B, T, (H + 2 KV) hd).
-inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int n_heads, int n_kv_heads,
-                              int head_dim, cudaStream_t stream) {
+// The scalar forward (any precision, head_dim 1..128). Same contract as attention_forward.
+inline void attention_forward_scalar(floatX* out, float* lse, const floatX* qkv, int B, int T, int n_heads,
+                                     int n_kv_heads, int head_dim, cudaStream_t stream) {
     attention_check_args("attention_forward", B, T, n_heads, n_kv_heads, head_dim);
     if (head_dim <= 64) attention_forward_hdp<64>(out, lse, qkv, B, T, n_heads, n_kv_heads, head_dim, stream);
     else attention_forward_hdp<128>(out, lse, qkv, B, T, n_heads, n_kv_heads, head_dim, stream);
@@ -470,21 +1081,128 @@ inline void attention_backward_hdp(floatX* dqkv, const float* delta, const float
     cudaCheckLaunch();
 }
 
+// The scalar backward (any precision, head_dim 1..128). Same contract as attention_backward.
+inline void attention_backward_scalar(floatX* dqkv, float* delta_scratch, const floatX* dout, const floatX* qkv,
+                                      const floatX* out, const float* lse, int B, int T, int n_heads, int n_kv_heads,
+                                      int head_dim, cudaStream_t stream) {
+    attention_check_args("attention_backward", B, T, n_heads, n_kv_heads, head_dim);
+    attention_delta(delta_scratch, dout, out, B, T, n_heads, head_dim, stream);
+    if (head_dim <= 64) {
+        attention_backward_hdp<64>(dqkv, delta_scratch, dout, qkv, lse, B, T, n_heads, n_kv_heads, head_dim, stream);
+    } else {
+        attention_backward_hdp<128>(dqkv, delta_scratch, dout, qkv, lse, B, T, n_heads, n_kv_heads, head_dim, stream);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Tensor-core path launchers (bf16 builds only)
+
+#if !defined(ENABLE_FP32)
+// The tensor-core kernels cover exactly these head dims (no column padding: every smem row is HD + 8 elements).
+inline bool attention_tc_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
+
+// The kernels move 16-byte chunks: every row start must be 16-byte aligned. Row strides are multiples of 8 elements
+// (head_dim is), so this holds iff the base pointers are 16-byte aligned (cudaMalloc gives 256).
+inline void attention_tc_check_aligned(const char* who, const void* p) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+        fprintf(stderr, "%s: tensor-core path needs 16-byte aligned tensors, got %p\n", who, p);
+        fail_exit();
+    }
+}
+
+template <int HD>
+inline void attention_forward_tc_hd(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV,
+                                    cudaStream_t stream) {
+    static bool smem_set = false;
+    const size_t smem = attention_forward_tc_smem_bytes<HD>();
+    attention_set_smem(attention_forward_tc_kernel<HD>, smem, smem_set);
+    const float scale_log2 = ATTN_LOG2E / sqrtf((float)HD);
+    dim3 grid(B * H, ceil_div(T, ATC_ROWS));
+    attention_forward_tc_kernel<HD><<<grid, ATC_THREADS, smem, stream>>>(out, lse, qkv, T, H, KV, scale_log2);
+    cudaCheckLaunch();
+}
+
+// The tensor-core forward: bf16, head_dim 64 or 128. Same contract as attention_forward.
+inline void attention_forward_tc(floatX* out, float* lse, const floatX* qkv, int B, int T, int n_heads,
+                                 int n_kv_heads, int head_dim, cudaStream_t stream) {
+    attention_check_args("attention_forward_tc", B, T, n_heads, n_kv_heads, head_dim);
+    if (!attention_tc_supported(head_dim)) {
+        fprintf(stderr, "attention_forward_tc: head_dim %d unsupported (64 or 128)\n", head_dim);
+        fail_exit();
+    }
+    attention_tc_check_aligned("attention_forward_tc", out);
+    attention_tc_check_aligned("attention_forward_tc", qkv);
+    if (head_dim == 64) attention_forward_tc_hd<64>(out, lse, qkv, B, T, n_heads, n_kv_heads, stream);
+    else attention_forward_tc_hd<128>(out, lse, qkv, B, T, n_heads, n_kv_heads, stream);
+}
+
+template <int HD>
+inline void attention_backward_tc_hd(floatX* dqkv, const float* delta, const floatX* dout, const floatX* qkv,
+                                     const float* lse, int B, int T, int H, int KV, cudaStream_t stream) {
+    static bool dq_smem_set = false, dkdv_smem_set = false;
+    const size_t dq_smem = attention_backward_dq_tc_smem_bytes<HD>();
+    const size_t dkdv_smem = attention_backward_dkdv_tc_smem_bytes<HD>();
+    attention_set_smem(attention_backward_dq_tc_kernel<HD>, dq_smem, dq_smem_set);
+    attention_set_smem(attention_backward_dkdv_tc_kernel<HD>, dkdv_smem, dkdv_smem_set);
+    const float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * ATTN_LOG2E;
+    // dK/dV first: its CTAs are fewer (B KV per key tile) and longer; both kernels only read what they share.
+    dim3 dkdv_grid(B * KV, ceil_div(T, ATC_ROWS));
+    attention_backward_dkdv_tc_kernel<HD><<<dkdv_grid, ATC_THREADS, dkdv_smem, stream>>>(
+        dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    cudaCheckLaunch();
+    dim3 dq_grid(B * H, ceil_div(T, ATC_ROWS));
+    attention_backward_dq_tc_kernel<HD><<<dq_grid, ATC_THREADS, dq_smem, stream>>>(dqkv, dout, qkv, lse, delta, T, H,
+                                                                                    KV, scale, scale_log2);
+    cudaCheckLaunch();
+}
+
+// The tensor-core backward: bf16, head_dim 64 or 128. Same contract as attention_backward.
+inline void attention_backward_tc(floatX* dqkv, float* delta_scratch, const floatX* dout, const floatX* qkv,
+                                  const floatX* out, const float* lse, int B, int T, int n_heads, int n_kv_heads,
+                                  int head_dim, cudaStream_t stream) {
+    attention_check_args("attention_backward_tc", B, T, n_heads, n_kv_heads, head_dim);
+    if (!attention_tc_supported(head_dim)) {
+        fprintf(stderr, "attention_backward_tc: head_dim %d unsupported (64 or 128)\n", head_dim);
+        fail_exit();
+    }
+    attention_tc_check_aligned("attention_backward_tc", dqkv);
+    attention_tc_check_aligned("attention_backward_tc", dout);
+    attention_tc_check_aligned("attention_backward_tc", qkv);
+    attention_delta(delta_scratch, dout, out, B, T, n_heads, head_dim, stream);
+    if (head_dim == 64) {
+        attention_backward_tc_hd<64>(dqkv, delta_scratch, dout, qkv, lse, B, T, n_heads, n_kv_heads, stream);
+    } else {
+        attention_backward_tc_hd<128>(dqkv, delta_scratch, dout, qkv, lse, B, T, n_heads, n_kv_heads, stream);
+    }
+}
+#endif  // !ENABLE_FP32
+
+// ----------------------------------------------------------------------------------------------------------------
+// Public entry points: the tensor-core path where it applies (bf16, head_dim 64 or 128), the scalar path otherwise.
+
+// out (B, T, H hd) and lse (B, H, T) fp32, both OVERWRITTEN, from qkv (B, T, (H + 2 KV) hd).
+inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int n_heads, int n_kv_heads,
+                              int head_dim, cudaStream_t stream) {
+#if !defined(ENABLE_FP32)
+    if (attention_tc_supported(head_dim)) {
+        attention_forward_tc(out, lse, qkv, B, T, n_heads, n_kv_heads, head_dim, stream);
+        return;
+    }
+#endif
+    attention_forward_scalar(out, lse, qkv, B, T, n_heads, n_kv_heads, head_dim, stream);
+}
+
 // dqkv (B, T, (H + 2 KV) hd) OVERWRITTEN (query, key and value parts all written), from dout and out (B, T, H hd),
 // qkv, and the forward's lse (B, H, T). delta_scratch: (B, H, T) fp32 scratch, overwritten with rowsum(dout * out).
 // Deterministic: every element has one writer and a fixed summation order.
 inline void attention_backward(floatX* dqkv, float* delta_scratch, const floatX* dout, const floatX* qkv,
                                const floatX* out, const float* lse, int B, int T, int n_heads, int n_kv_heads,
                                int head_dim, cudaStream_t stream) {
-    attention_check_args("attention_backward", B, T, n_heads, n_kv_heads, head_dim);
-    const size_t rows = (size_t)B * n_heads * T;
-    const int warps_per_block = 8;
-    attention_delta_kernel<<<(unsigned)ceil_div(rows, (size_t)warps_per_block), 32 * warps_per_block, 0, stream>>>(
-        delta_scratch, dout, out, B, T, n_heads, head_dim);
-    cudaCheckLaunch();
-    if (head_dim <= 64) {
-        attention_backward_hdp<64>(dqkv, delta_scratch, dout, qkv, lse, B, T, n_heads, n_kv_heads, head_dim, stream);
-    } else {
-        attention_backward_hdp<128>(dqkv, delta_scratch, dout, qkv, lse, B, T, n_heads, n_kv_heads, head_dim, stream);
+#if !defined(ENABLE_FP32)
+    if (attention_tc_supported(head_dim)) {
+        attention_backward_tc(dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, head_dim, stream);
+        return;
     }
+#endif
+    attention_backward_scalar(dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, head_dim, stream);
 }

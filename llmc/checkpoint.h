@@ -159,6 +159,26 @@ inline ParamLayout param_layout(const Llama3Config& c) {
     return p;
 }
 
+// Pointers to each tensor inside a flat buffer in file order (parameters or their gradients; T is the element
+// type). With tied embeddings lm_head points at tok_embedding.
+template <typename T>
+struct ParamTensors {
+    T *tok_embedding, *attn_norm, *wqkv, *wo, *ffn_norm, *w13, *w2, *final_norm, *lm_head;
+};
+
+template <typename T>
+inline ParamTensors<T> point_params(T* base, const Llama3Config& c) {
+    ParamLayout layout = param_layout(c);
+    T* ptrs[NUM_PARAM_TENSORS];
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        ptrs[i] = base;
+        base += layout.sizes[i];
+    }
+    ParamTensors<T> p{ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], ptrs[7], ptrs[8]};
+    if (c.tied_embeddings) p.lm_head = p.tok_embedding;
+    return p;
+}
+
 // 2-D tensors get weight decay; the norm gains do not.
 inline bool param_is_matrix(int i) { return !(i == 1 || i == 4 || i == 7); }
 

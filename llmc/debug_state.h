@@ -110,3 +110,37 @@ inline TensorError tensor_error(const float* got, const float* ref, size_t n) {
     e.rel_norm = ref2 > 0 ? sqrt(diff2 / ref2) : sqrt(diff2);
     return e;
 }
+
+// Prints one check per line and counts the failures: the tie-out programs (dev/cpu/test_llama3_cpu.cpp,
+// test_llama3.cu) share it, each with its own tolerances.
+struct TieOutChecks {
+    int failures = 0;
+
+    // Passes when every element is finite, max_rel <= max_rel_tol and rel_norm <= rel_norm_tol.
+    void tensor(const char* name, const float* got, const float* ref, size_t n, double max_rel_tol,
+                double rel_norm_tol) {
+        TensorError e = tensor_error(got, ref, n);
+        bool ok = e.finite && e.max_rel <= max_rel_tol && e.rel_norm <= rel_norm_tol;
+        printf("%-14s max_rel %.2e  rel_norm %.2e  (worst [%zu]: got %.8g ref %.8g)  %s\n", name, e.max_rel,
+               e.rel_norm, e.worst, got[e.worst], ref[e.worst], ok ? "OK" : "FAIL");
+        if (!ok) failures++;
+    }
+
+    // Passes when |got - ref| <= abs_tol or <= rel_tol |ref|.
+    void scalar(const char* name, float got, float ref, double abs_tol, double rel_tol) {
+        double diff = fabs((double)got - ref);
+        bool ok = std::isfinite(got) && (diff <= abs_tol || diff <= rel_tol * fabs(ref));
+        printf("%-14s got %.8f ref %.8f  diff %.2e  %s\n", name, got, ref, diff, ok ? "OK" : "FAIL");
+        if (!ok) failures++;
+    }
+
+    // Final line and exit status.
+    int finish() const {
+        if (failures > 0) {
+            printf("FAILED: %d check(s)\n", failures);
+            return 1;
+        }
+        printf("all checks passed\n");
+        return 0;
+    }
+};

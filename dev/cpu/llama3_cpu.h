@@ -224,22 +224,6 @@ inline float cross_entropy(float* dlogits, const float* logits, const int* targe
 // ---------------------------------------------------------------------------------------------------------------
 // The model
 
-struct Params {  // pointers into the flat buffer, in checkpoint order
-    float *tok_embedding, *attn_norm, *wqkv, *wo, *ffn_norm, *w13, *w2, *final_norm, *lm_head;
-};
-
-inline Params point_params(float* base, const Llama3Config& c) {
-    ParamLayout layout = param_layout(c);
-    float* ptrs[NUM_PARAM_TENSORS];
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        ptrs[i] = base;
-        base += layout.sizes[i];
-    }
-    Params p{ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4], ptrs[5], ptrs[6], ptrs[7], ptrs[8]};
-    if (c.tied_embeddings) p.lm_head = p.tok_embedding;
-    return p;
-}
-
 struct AdamW {
     float lr, beta1, beta2, eps, weight_decay, grad_clip;
 };
@@ -277,7 +261,7 @@ struct Model {
         h13.resize((size_t)L * N * 2 * F); hact.resize((size_t)L * N * F); lnf.resize(NC); rstdf.resize(N);
         logits.resize((size_t)N * V); dlogits.resize((size_t)N * V);
         rope_tables(c, T, &cos_table, &sin_table);
-        Params p = point_params(params.data(), c);
+        ParamTensors<float> p = point_params(params.data(), c);
 
         for (int n = 0; n < N; n++)
             std::copy_n(p.tok_embedding + (size_t)in[n] * C, C, residual.data() + (size_t)n * C);
@@ -315,8 +299,8 @@ struct Model {
         int N = B * T, C = c.dim, L = c.n_layers, H = c.n_heads, KV = c.n_kv_heads, hd = c.head_dim();
         int QKV = c.qkv_dim(), F = c.ffn_hidden, V = c.vocab_size;
         size_t NC = (size_t)N * C;
-        Params p = point_params(params.data(), c);
-        Params g = point_params(grads.data(), c);
+        ParamTensors<float> p = point_params(params.data(), c);
+        ParamTensors<float> g = point_params(grads.data(), c);
         std::vector<float> dresidual(NC, 0.0f), dnorm(NC), datty((size_t)N * H * hd), dqkv((size_t)N * QKV);
         std::vector<float> dh13((size_t)N * 2 * F), dhact((size_t)N * F);
 

@@ -13,22 +13,8 @@
 #include "../../llmc/debug_state.h"
 #include "llama3_cpu.h"
 
-static int failures = 0;
-
-static void check_tensor(const char* name, const float* got, const float* ref, size_t n) {
-    TensorError e = tensor_error(got, ref, n);
-    bool ok = e.finite && e.max_rel <= 1e-4 && e.rel_norm <= 1e-5;
-    printf("%-14s max_rel %.2e  rel_norm %.2e  (worst [%zu]: got %.8g ref %.8g)  %s\n", name, e.max_rel, e.rel_norm,
-           e.worst, got[e.worst], ref[e.worst], ok ? "OK" : "FAIL");
-    if (!ok) failures++;
-}
-
-static void check_scalar(const char* name, float got, float ref, double abs_tol, double rel_tol) {
-    double diff = fabs((double)got - ref);
-    bool ok = std::isfinite(got) && (diff <= abs_tol || diff <= rel_tol * fabs(ref));
-    printf("%-14s got %.8f ref %.8f  diff %.2e  %s\n", name, got, ref, diff, ok ? "OK" : "FAIL");
-    if (!ok) failures++;
-}
+constexpr double MAX_REL_TOL = 1e-4, REL_NORM_TOL = 1e-5;
+static TieOutChecks checks;
 
 int main(int argc, char** argv) {
     if (argc != 3) {
@@ -43,8 +29,8 @@ int main(int argc, char** argv) {
            c.use_rope_scaling, ref.B, ref.T, ref.n_steps);
 
     float loss = model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T);
-    check_tensor("logits", model.logits.data(), ref.logits.data(), ref.logits.size());
-    check_scalar("loss", loss, ref.loss, 1e-5, 0.0);
+    checks.tensor("logits", model.logits.data(), ref.logits.data(), ref.logits.size(), MAX_REL_TOL, REL_NORM_TOL);
+    checks.scalar("loss", loss, ref.loss, 1e-5, 0.0);
     model.zero_grad();
     model.backward();
     ParamLayout layout = param_layout(c);
@@ -52,7 +38,7 @@ int main(int argc, char** argv) {
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         if (layout.sizes[t] == 0) continue;
         std::string name = std::string("d") + layout.names[t];
-        check_tensor(name.c_str(), model.grads.data() + offset, ref.grads.data() + offset, layout.sizes[t]);
+        checks.tensor(name.c_str(), model.grads.data() + offset, ref.grads.data() + offset, layout.sizes[t], MAX_REL_TOL, REL_NORM_TOL);
         offset += layout.sizes[t];
     }
 
@@ -66,14 +52,9 @@ int main(int argc, char** argv) {
         float norm = model.update(hp);
         char name[32];
         snprintf(name, sizeof(name), "step %d loss", step + 1);
-        check_scalar(name, step_loss, ref.step_losses[step], 1e-5, 0.0);
+        checks.scalar(name, step_loss, ref.step_losses[step], 1e-5, 0.0);
         snprintf(name, sizeof(name), "step %d norm", step + 1);
-        check_scalar(name, norm, ref.step_norms[step], 0.0, 1e-4);
+        checks.scalar(name, norm, ref.step_norms[step], 0.0, 1e-4);
     }
-    if (failures > 0) {
-        printf("FAILED: %d check(s)\n", failures);
-        return 1;
-    }
-    printf("all checks passed\n");
-    return 0;
+    return checks.finish();
 }

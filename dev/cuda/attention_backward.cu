@@ -7,11 +7,23 @@
 //   dv_j = sum_i P_ij dout_i   (dk, dv also summed over the query heads of a kv head's group)
 //
 // The inputs out and lse come from the CPU forward (out rounded through floatX), so the backward is tested alone;
-// the reference uses the same rounded out for D, as the GPU does. fp64 accumulation throughout.
-// Version 1 is llmc/attention.cuh.
+// the reference uses the same rounded out for D, as the GPU does. fp64 accumulation throughout. Every version must
+// also be deterministic: a rerun into a freshly poisoned buffer is compared bit for bit.
+//
+// Versions (all in llmc/attention.cuh; TFLOP/s = 2.5 x 2 B H T^2 hd / time, H200, shapes of the timing table):
+//   v1: attention_backward_scalar: CUDA-core fp32 dq and dk/dv kernels (any precision, hd 1..128).
+//       Measured: 14-18 TFLOP/s on the three timing shapes.
+//   v2: attention_backward (bf16 build only): the tensor-core kernels of attention_backward_tc (FlashAttention-2
+//       style: a dK/dV kernel per key tile and kv head, a dQ kernel per query tile and head, mma.sync m16n8k16
+//       bf16) for hd 64 and 128; other head dims fall back to v1, which is what the trainer runs.
+//       Measured (B, T, H, KV, hd):
+//         (4, 2048, 32, 8, 64):  (to be measured)
+//         (2, 4096, 32, 8, 128): (to be measured)
+//         (1, 8192, 32, 8, 128): (to be measured)
+// Side by side with PyTorch SDPA: attention_vs_pytorch.py.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
-// Run:   ./attention_backward [version]
+// Run:   ./attention_backward [version]     (no argument: every version; the fp32 build has only v1)
 #include "common.h"
 
 #include "../../llmc/attention.cuh"
@@ -127,7 +139,10 @@ static void split_qkv(const std::vector<float>& x, int B, int T, int H, int KV, 
 static void attention_backward_gpu(int version, floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
                                    const floatX* out, const float* lse, int B, int T, int H, int KV, int hd) {
     switch (version) {
-        case 1: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
+        case 1: attention_backward_scalar(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
+#if !defined(ENABLE_FP32)
+        case 2: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
+#endif
         default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
     }
 }
@@ -136,10 +151,16 @@ struct Shape {
     int B, T, H, KV, hd;
 };
 
+#if defined(ENABLE_FP32)
+static const int VERSIONS[] = {1};
+#else
+static const int VERSIONS[] = {1, 2};
+#endif
+
 static void validate_shape(int version, const Shape& sh, uint64_t seed) {
     const int B = sh.B, T = sh.T, H = sh.H, KV = sh.KV, hd = sh.hd;
     const size_t n_qkv = (size_t)B * T * (H + 2 * KV) * hd, n_out = (size_t)B * T * H * hd, n_lse = (size_t)B * H * T;
-    printf("B=%d T=%d H=%d KV=%d hd=%d\n", B, T, H, KV, hd);
+    printf("v%d B=%d T=%d H=%d KV=%d hd=%d\n", version, B, T, H, KV, hd);
     std::vector<float> qkv = round_to_floatX(random_floats(n_qkv, seed, 1.5f));
     std::vector<float> dout = round_to_floatX(random_floats(n_out, seed + 1000, 1.0f));
     std::vector<float> out, lse;
@@ -203,7 +224,8 @@ static void time_shape(int version, const Shape& sh) {
     });
     // Convention: backward = 2.5 x the causal forward's 2 B H T^2 hd flops.
     const double flops = 2.5 * 2.0 * B * H * (double)T * T * hd;
-    printf("  B=%d H=%d KV=%d T=%d hd=%d: %8.3f ms  %7.2f TFLOP/s\n", B, H, KV, T, hd, ms, flops / (ms * 1e-3) / 1e12);
+    printf("  v%d  B=%d H=%d KV=%d T=%d hd=%d: %8.3f ms  %7.2f TFLOP/s\n", version, B, H, KV, T, hd, ms,
+           flops / (ms * 1e-3) / 1e12);
     cudaCheck(cudaFree(d_qkv));
     cudaCheck(cudaFree(d_dout));
     cudaCheck(cudaFree(d_out));
@@ -214,25 +236,43 @@ static void time_shape(int version, const Shape& sh) {
 
 int main(int argc, char** argv) {
     require_gpu(argv[0]);  // clear message and exit 1 without a GPU
-    const int version = argc > 1 ? atoi(argv[1]) : 1;
-    printf("attention_backward version %d (%s)\n", version, PRECISION_NAME);
-
-    // T not a multiple of the tiles (64 fixed rows, 32 streamed), group sizes 1, 4, 8, head dims 16, 64, 128.
-    uint64_t seed = 7;
-    for (int T : {13, 100, 257}) {
-        for (int KV : {8, 2, 1}) {
-            for (int hd : {16, 64, 128}) validate_shape(version, {2, T, 8, KV, hd}, seed++);
+    std::vector<int> versions(std::begin(VERSIONS), std::end(VERSIONS));
+    if (argc > 1) versions = {atoi(argv[1])};
+    for (int version : versions) {
+        bool known = false;
+        for (int v : VERSIONS) known |= v == version;
+        if (!known) {
+            fprintf(stderr, "unknown version %d (this %s build has versions 1..%d)\n", version, PRECISION_NAME,
+                    (int)(sizeof(VERSIONS) / sizeof(VERSIONS[0])));
+            return 1;
         }
     }
-    // Edges: a single token, an exact tile, one past it, a head dim that is neither 64 nor 128, a tiny head dim.
-    validate_shape(version, {2, 1, 4, 2, 64}, seed++);
-    validate_shape(version, {2, 64, 4, 1, 32}, seed++);
-    validate_shape(version, {2, 65, 4, 4, 100}, seed++);
-    validate_shape(version, {1, 130, 2, 1, 8}, seed++);
 
-    printf("timing\n");
-    time_shape(version, {4, 2048, 32, 8, 64});
-    time_shape(version, {2, 4096, 32, 8, 128});
-    time_shape(version, {1, 8192, 32, 8, 128});
+    for (int version : versions) {
+        printf("attention_backward version %d (%s): validation\n", version, PRECISION_NAME);
+        // T not a multiple of the tiles (64 fixed rows; 32 or 64 streamed), group sizes 1, 4, 8, head dims 16, 64, 128.
+        uint64_t seed = 7;
+        for (int T : {13, 100, 257}) {
+            for (int KV : {8, 2, 1}) {
+                for (int hd : {16, 64, 128}) validate_shape(version, {2, T, 8, KV, hd}, seed++);
+            }
+        }
+        // Edges: a single token, an exact tile, one past it, a head dim that is neither 64 nor 128, a tiny head dim.
+        validate_shape(version, {2, 1, 4, 2, 64}, seed++);
+        validate_shape(version, {2, 64, 4, 1, 32}, seed++);
+        validate_shape(version, {2, 65, 4, 4, 100}, seed++);
+        validate_shape(version, {1, 130, 2, 1, 8}, seed++);
+        // Many tiles per row and per key (the pipelines' steady state), ragged ends, the tensor-core head dims.
+        validate_shape(version, {2, 64, 4, 1, 128}, seed++);
+        validate_shape(version, {1, 1000, 4, 1, 128}, seed++);
+        validate_shape(version, {1, 703, 8, 2, 64}, seed++);
+    }
+
+    printf("timing (TFLOP/s = 2.5 x 2 B H T^2 hd / time)\n");
+    for (int version : versions) {
+        time_shape(version, {4, 2048, 32, 8, 64});
+        time_shape(version, {2, 4096, 32, 8, 128});
+        time_shape(version, {1, 8192, 32, 8, 128});
+    }
     return finish(argv[0]);
 }

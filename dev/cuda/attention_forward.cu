@@ -4,10 +4,20 @@
 //   s_ij = q_i . k_j / sqrt(hd) for j <= i;  lse_i = log sum_j exp(s_ij);  out_i = sum_j exp(s_ij - lse_i) v_j
 //
 // The CPU reference accumulates in fp64 and materialises each score row (fine at the small T validated here).
-// Version 1 is llmc/attention.cuh (flash-style tiled CUDA-core kernel, online softmax).
+//
+// Versions (all in llmc/attention.cuh; causal TFLOP/s = 2 B H T^2 hd / time, H200, shapes of the timing table):
+//   v1: attention_forward_scalar: flash-style tiled CUDA-core fp32 kernel, online softmax (any precision, hd 1..128).
+//       Measured: 22-26 TFLOP/s on the three timing shapes.
+//   v2: attention_forward (bf16 build only): the tensor-core kernel attention_forward_tc (FlashAttention-2 style,
+//       mma.sync m16n8k16 bf16, ldmatrix, cp.async double buffering) for hd 64 and 128; other head dims fall back
+//       to v1, which is what the trainer runs. Measured (B, T, H, KV, hd):
+//         (4, 2048, 32, 8, 64):  (to be measured)
+//         (2, 4096, 32, 8, 128): (to be measured)
+//         (1, 8192, 32, 8, 128): (to be measured)
+// Side by side with PyTorch SDPA: attention_vs_pytorch.py.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_forward.cu
-// Run:   ./attention_forward [version]
+// Run:   ./attention_forward [version]     (no argument: every version; the fp32 build has only v1)
 #include "common.h"
 
 #include "../../llmc/attention.cuh"
@@ -57,7 +67,10 @@ static void attention_forward_cpu(std::vector<float>& out, std::vector<float>& l
 static void attention_forward_gpu(int version, floatX* out, float* lse, const floatX* qkv, int B, int T, int H,
                                   int KV, int hd) {
     switch (version) {
-        case 1: attention_forward(out, lse, qkv, B, T, H, KV, hd, 0); break;
+        case 1: attention_forward_scalar(out, lse, qkv, B, T, H, KV, hd, 0); break;
+#if !defined(ENABLE_FP32)
+        case 2: attention_forward(out, lse, qkv, B, T, H, KV, hd, 0); break;
+#endif
         default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
     }
 }
@@ -66,10 +79,16 @@ struct Shape {
     int B, T, H, KV, hd;
 };
 
+#if defined(ENABLE_FP32)
+static const int VERSIONS[] = {1};
+#else
+static const int VERSIONS[] = {1, 2};
+#endif
+
 static void validate_shape(int version, const Shape& sh, uint64_t seed) {
     const size_t n_qkv = (size_t)sh.B * sh.T * (sh.H + 2 * sh.KV) * sh.hd;
     const size_t n_out = (size_t)sh.B * sh.T * sh.H * sh.hd, n_lse = (size_t)sh.B * sh.H * sh.T;
-    printf("B=%d T=%d H=%d KV=%d hd=%d\n", sh.B, sh.T, sh.H, sh.KV, sh.hd);
+    printf("v%d B=%d T=%d H=%d KV=%d hd=%d\n", version, sh.B, sh.T, sh.H, sh.KV, sh.hd);
     // Scale 1.5 makes the softmax peakier than scale 1 would, exercising the running-max rescaling.
     std::vector<float> qkv = round_to_floatX(random_floats(n_qkv, seed, 1.5f));
     std::vector<float> out_ref, lse_ref;
@@ -104,8 +123,8 @@ static void time_shape(int version, const Shape& sh) {
     });
     // Causal: half of the 2 matmuls (QK^T, PV) of 2 B H T^2 hd flops each.
     const double flops = 2.0 * sh.B * sh.H * (double)sh.T * sh.T * sh.hd;
-    printf("  B=%d H=%d KV=%d T=%d hd=%d: %8.3f ms  %7.2f TFLOP/s\n", sh.B, sh.H, sh.KV, sh.T, sh.hd, ms,
-           flops / (ms * 1e-3) / 1e12);
+    printf("  v%d  B=%d H=%d KV=%d T=%d hd=%d: %8.3f ms  %7.2f TFLOP/s\n", version, sh.B, sh.H, sh.KV, sh.T, sh.hd,
+           ms, flops / (ms * 1e-3) / 1e12);
     cudaCheck(cudaFree(d_qkv));
     cudaCheck(cudaFree(d_out));
     cudaCheck(cudaFree(d_lse));
@@ -113,25 +132,43 @@ static void time_shape(int version, const Shape& sh) {
 
 int main(int argc, char** argv) {
     require_gpu(argv[0]);  // clear message and exit 1 without a GPU
-    const int version = argc > 1 ? atoi(argv[1]) : 1;
-    printf("attention_forward version %d (%s)\n", version, PRECISION_NAME);
-
-    // T not a multiple of the tiles (64 queries, 32 keys), group sizes 1, 4, 8, head dims 16, 64, 128.
-    uint64_t seed = 42;
-    for (int T : {13, 100, 257}) {
-        for (int KV : {8, 2, 1}) {
-            for (int hd : {16, 64, 128}) validate_shape(version, {2, T, 8, KV, hd}, seed++);
+    std::vector<int> versions(std::begin(VERSIONS), std::end(VERSIONS));
+    if (argc > 1) versions = {atoi(argv[1])};
+    for (int version : versions) {
+        bool known = false;
+        for (int v : VERSIONS) known |= v == version;
+        if (!known) {
+            fprintf(stderr, "unknown version %d (this %s build has versions 1..%d)\n", version, PRECISION_NAME,
+                    (int)(sizeof(VERSIONS) / sizeof(VERSIONS[0])));
+            return 1;
         }
     }
-    // Edges: a single token, an exact tile, one past it, a head dim that is neither 64 nor 128, a tiny head dim.
-    validate_shape(version, {2, 1, 4, 2, 64}, seed++);
-    validate_shape(version, {2, 64, 4, 1, 32}, seed++);
-    validate_shape(version, {2, 65, 4, 4, 100}, seed++);
-    validate_shape(version, {1, 130, 2, 1, 8}, seed++);
 
-    printf("timing\n");
-    time_shape(version, {4, 2048, 32, 8, 64});
-    time_shape(version, {2, 4096, 32, 8, 128});
-    time_shape(version, {1, 8192, 32, 8, 128});
+    for (int version : versions) {
+        printf("attention_forward version %d (%s): validation\n", version, PRECISION_NAME);
+        // T not a multiple of the tiles (64 queries; 32 or 64 keys), group sizes 1, 4, 8, head dims 16, 64, 128.
+        uint64_t seed = 42;
+        for (int T : {13, 100, 257}) {
+            for (int KV : {8, 2, 1}) {
+                for (int hd : {16, 64, 128}) validate_shape(version, {2, T, 8, KV, hd}, seed++);
+            }
+        }
+        // Edges: a single token, an exact tile, one past it, a head dim that is neither 64 nor 128, a tiny head dim.
+        validate_shape(version, {2, 1, 4, 2, 64}, seed++);
+        validate_shape(version, {2, 64, 4, 1, 32}, seed++);
+        validate_shape(version, {2, 65, 4, 4, 100}, seed++);
+        validate_shape(version, {1, 130, 2, 1, 8}, seed++);
+        // Many tiles per row (the pipeline's steady state), ragged ends, the tensor-core head dims.
+        validate_shape(version, {2, 64, 4, 1, 128}, seed++);
+        validate_shape(version, {1, 1000, 4, 1, 128}, seed++);
+        validate_shape(version, {1, 703, 8, 2, 64}, seed++);
+    }
+
+    printf("timing (causal TFLOP/s = 2 B H T^2 hd / time)\n");
+    for (int version : versions) {
+        time_shape(version, {4, 2048, 32, 8, 64});
+        time_shape(version, {2, 4096, 32, 8, 128});
+        time_shape(version, {1, 8192, 32, 8, 128});
+    }
     return finish(argv[0]);
 }

@@ -1,0 +1,82 @@
+// A C ABI over llmc/attention.cuh for attention_vs_pytorch.py, which loads it with ctypes. Raw device pointers and
+// sizes, llmc's layouts (bf16 in the default build), and the caller's CUDA stream (PyTorch's current stream), so the
+// kernels order with PyTorch's own work and CUDA events time them like any PyTorch op:
+//   qkv, dqkv (B, T, (H + 2 KV) hd)   out, dout (B, T, H hd)   lse, delta (B, H, T) fp32
+// The functions are the trainer's entry points (attention_forward / attention_backward: the tensor-core path for
+// bf16 and hd 64 / 128), plus the scalar path for comparison.
+//
+// The script builds the library itself:
+//   nvcc -O3 -std=c++17 --use_fast_math -shared -Xcompiler -fPIC -DATTENTION_LIB_NO_MAIN
+//        -gencode arch=compute_90a,code=sm_90a -o <dir>/libllmc_attention.so attention_lib.cu
+// (--use_fast_math as in the trainer's build, so what is timed is what trains.)
+// The dev/cuda Makefile builds every .cu here as a program; as one, this file runs a small smoke test of the C ABI
+// (forward and backward against the scalar path), so `make all` and `make run_all` keep working.
+#include "../../llmc/attention.cuh"
+
+extern "C" {
+
+// 1 when tensors are bf16 (the default build), 0 for an fp32 (-DENABLE_FP32) build.
+int llmc_attention_is_bf16() { return sizeof(floatX) == 2 ? 1 : 0; }
+
+// out, lse OVERWRITTEN from qkv; the tensor-core path where it applies.
+void llmc_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int H, int KV, int hd,
+                            void* stream) {
+    attention_forward(static_cast<floatX*>(out), lse, static_cast<const floatX*>(qkv), B, T, H, KV, hd,
+                      static_cast<cudaStream_t>(stream));
+}
+
+// dqkv OVERWRITTEN; delta is (B, H, T) fp32 scratch.
+void llmc_attention_backward(void* dqkv, float* delta, const void* dout, const void* qkv, const void* out,
+                             const float* lse, int B, int T, int H, int KV, int hd, void* stream) {
+    attention_backward(static_cast<floatX*>(dqkv), delta, static_cast<const floatX*>(dout),
+                       static_cast<const floatX*>(qkv), static_cast<const floatX*>(out), lse, B, T, H, KV, hd,
+                       static_cast<cudaStream_t>(stream));
+}
+
+// The scalar CUDA-core path, same contracts.
+void llmc_attention_forward_scalar(void* out, float* lse, const void* qkv, int B, int T, int H, int KV, int hd,
+                                   void* stream) {
+    attention_forward_scalar(static_cast<floatX*>(out), lse, static_cast<const floatX*>(qkv), B, T, H, KV, hd,
+                             static_cast<cudaStream_t>(stream));
+}
+void llmc_attention_backward_scalar(void* dqkv, float* delta, const void* dout, const void* qkv, const void* out,
+                                    const float* lse, int B, int T, int H, int KV, int hd, void* stream) {
+    attention_backward_scalar(static_cast<floatX*>(dqkv), delta, static_cast<const floatX*>(dout),
+                              static_cast<const floatX*>(qkv), static_cast<const floatX*>(out), lse, B, T, H, KV, hd,
+                              static_cast<cudaStream_t>(stream));
+}
+
+}  // extern "C"
+
+#if !defined(ATTENTION_LIB_NO_MAIN)
+#include "common.h"
+
+// Smoke test of the C ABI: the entry points against the scalar path on one small ragged GQA shape per head dim.
+int main(int argc, char** argv) {
+    (void)argc;
+    require_gpu(argv[0]);
+    for (int hd : {64, 128}) {
+        const int B = 2, T = 200, H = 8, KV = 2;
+        const size_t n_qkv = (size_t)B * T * (H + 2 * KV) * hd, n_out = (size_t)B * T * H * hd;
+        const size_t n_lse = (size_t)B * H * T;
+        printf("B=%d T=%d H=%d KV=%d hd=%d\n", B, T, H, KV, hd);
+        floatX* qkv = device_random<floatX>(n_qkv, 11, 2.0f);
+        floatX* dout = device_random<floatX>(n_out, 12, 1.0f);
+        DeviceBuffer<floatX> out(n_out), out_ref(n_out), dqkv(n_qkv), dqkv_ref(n_qkv);
+        DeviceBuffer<float> lse(n_lse), lse_ref(n_lse), delta(n_lse);
+        llmc_attention_forward(out.ptr, lse.ptr, qkv, B, T, H, KV, hd, nullptr);
+        llmc_attention_forward_scalar(out_ref.ptr, lse_ref.ptr, qkv, B, T, H, KV, hd, nullptr);
+        // Both backwards from the scalar forward's out and lse, so they differ only in the backward itself.
+        llmc_attention_backward(dqkv.ptr, delta.ptr, dout, qkv, out_ref.ptr, lse_ref.ptr, B, T, H, KV, hd, nullptr);
+        llmc_attention_backward_scalar(dqkv_ref.ptr, delta.ptr, dout, qkv, out_ref.ptr, lse_ref.ptr, B, T, H, KV, hd,
+                                       nullptr);
+        cudaCheck(cudaDeviceSynchronize());
+        validate("out vs scalar", host_from_device(out.ptr, n_out), host_from_device(out_ref.ptr, n_out));
+        validate("lse vs scalar", host_from_device(lse.ptr, n_lse), host_from_device(lse_ref.ptr, n_lse));
+        validate("dqkv vs scalar", host_from_device(dqkv.ptr, n_qkv), host_from_device(dqkv_ref.ptr, n_qkv));
+        cudaCheck(cudaFree(qkv));
+        cudaCheck(cudaFree(dout));
+    }
+    return finish(argv[0]);
+}
+#endif
