@@ -31,6 +31,8 @@
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "cuda_common.h"
 
@@ -71,6 +73,7 @@ inline void matmul_destroy() {
     cublasCheck(cublasLtDestroy(g_cublaslt_handle));
     g_cublaslt_workspace = nullptr;
     g_cublaslt_handle = nullptr;
+    g_matmul_algos.clear();
 }
 
 // Largest power of two (at most 256) dividing the address: what the heuristic may assume about the pointer.
@@ -79,6 +82,67 @@ inline uint32_t matmul_pointer_alignment(const void* p) {
     uint32_t align = 1;
     while (align < 256 && (addr & (2 * align - 1)) == 0) align *= 2;
     return align;
+}
+
+// The heuristic's choice for one problem (shape, transposes, pointer alignments), asked once and then reused:
+// asking costs tens of microseconds of CPU per call, which small matmuls cannot hide, and a fixed algorithm per
+// shape also keeps results bit-identical from step to step.
+struct MatmulKey {
+    int m, n, k;
+    bool trans_a, trans_b;
+    uint32_t align_a, align_b, align_d;
+    bool operator==(const MatmulKey& o) const {
+        return m == o.m && n == o.n && k == o.k && trans_a == o.trans_a && trans_b == o.trans_b &&
+               align_a == o.align_a && align_b == o.align_b && align_d == o.align_d;
+    }
+};
+inline std::vector<std::pair<MatmulKey, cublasLtMatmulAlgo_t>> g_matmul_algos;
+
+inline cublasLtMatmulAlgo_t matmul_algo(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t layout_a,
+                                               cublasLtMatrixLayout_t layout_b, cublasLtMatrixLayout_t layout_d,
+                                               const MatmulKey& key) {
+    for (const auto& entry : g_matmul_algos) {
+        if (entry.first == key) return entry.second;
+    }
+    int m = key.m, n = key.n, k = key.k;
+    bool trans_a = key.trans_a, trans_b = key.trans_b;
+    uint32_t align_a = key.align_a, align_b = key.align_b, align_d = key.align_d;
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t workspace = MATMUL_WORKSPACE_BYTES;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                     sizeof(workspace)));
+    // Split-K partial sums only in fp32 (the compute type): INPLACE and OUTPUT_TYPE reductions would add the parts in
+    // the output type, i.e. in bf16 in the bf16 build. Unsplit algorithms (scheme NONE) are always allowed.
+    uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction_mask,
+                                                     sizeof(reduction_mask)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                     sizeof(align_a)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                     sizeof(align_b)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
+                                                     sizeof(align_d)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                                     sizeof(align_d)));
+
+    cublasLtMatmulHeuristicResult_t heuristic = {};
+    int n_found = 0;
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(g_cublaslt_handle, desc, layout_a, layout_b, layout_d,
+                                                            layout_d, pref, 1, &heuristic, &n_found);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && n_found == 0)) {
+        fprintf(stderr,
+                "matmul: cuBLASLt has no algorithm for m=%d n=%d k=%d trans_a=%d trans_b=%d (%s), pointer "
+                "alignments A=%u B=%u D=%u bytes\n",
+                m, n, k, (int)trans_a, (int)trans_b, PRECISION_NAME, align_a, align_b, align_d);
+        fail_exit();
+    }
+    cublasCheck(status);
+    cublasCheck(heuristic.state);
+
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    g_matmul_algos.push_back({key, heuristic.algo});
+    return g_matmul_algos.back().second;
 }
 
 // D (m, n) = alpha * op(A) @ op(B) + beta * C, all column-major, with C = D (in place). `a_rows`/`b_rows` are the
@@ -108,46 +172,14 @@ inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, int m, 
     cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, MATMUL_DATA_TYPE, b_rows, b_cols, b_rows));
     cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, MATMUL_DATA_TYPE, m, n, m));
 
-    cublasLtMatmulPreference_t pref;
-    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t workspace = MATMUL_WORKSPACE_BYTES;
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                                     sizeof(workspace)));
-    // Split-K partial sums only in fp32 (the compute type): INPLACE and OUTPUT_TYPE reductions would add the parts in
-    // the output type, i.e. in bf16 in the bf16 build. Unsplit algorithms (scheme NONE) are always allowed.
-    uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction_mask,
-                                                     sizeof(reduction_mask)));
     uint32_t align_a = matmul_pointer_alignment(a), align_b = matmul_pointer_alignment(b);
     uint32_t align_d = matmul_pointer_alignment(d);
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                                     sizeof(align_a)));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                                     sizeof(align_b)));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
-                                                     sizeof(align_d)));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
-                                                     sizeof(align_d)));
-
-    cublasLtMatmulHeuristicResult_t heuristic = {};
-    int n_found = 0;
-    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(g_cublaslt_handle, desc, layout_a, layout_b, layout_d,
-                                                            layout_d, pref, 1, &heuristic, &n_found);
-    if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && n_found == 0)) {
-        fprintf(stderr,
-                "matmul: cuBLASLt has no algorithm for m=%d n=%d k=%d trans_a=%d trans_b=%d (%s), pointer "
-                "alignments A=%u B=%u D=%u bytes\n",
-                m, n, k, (int)trans_a, (int)trans_b, PRECISION_NAME, align_a, align_b, align_d);
-        fail_exit();
-    }
-    cublasCheck(status);
-    cublasCheck(heuristic.state);
-
+    cublasLtMatmulAlgo_t algo = matmul_algo(desc, layout_a, layout_b, layout_d,
+                                                   {m, n, k, trans_a, trans_b, align_a, align_b, align_d});
     const float alpha = 1.0f;
     cublasCheck(cublasLtMatmul(g_cublaslt_handle, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d, d,
-                               layout_d, &heuristic.algo, g_cublaslt_workspace, MATMUL_WORKSPACE_BYTES, stream));
+                               layout_d, &algo, g_cublaslt_workspace, MATMUL_WORKSPACE_BYTES, stream));
 
-    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_d));

@@ -4,7 +4,9 @@
 // next to nothing when no profiler listens). With timing on (train_llama3cu -p 1), each region is also bracketed by
 // CUDA events on the stream; after each step, collect() adds up the elapsed times per region name, and report()
 // prints a table of milliseconds per step and share of the step. Regions with the same name (the same part of
-// every layer) add up. Regions must not nest when timing: each one's time is its own.
+// every layer) add up. Regions must not nest when timing: each one's time is its own. When timing, begin() first
+// waits for the stream, so a region's time is its GPU work alone, not GPU idle time while the CPU was still
+// launching; the sum of the regions against the step's wall time then shows the host overhead.
 #pragma once
 
 #include <nvtx3/nvToolsExt.h>
@@ -39,6 +41,7 @@ struct Profiler {
             index = (int)regions.size() - 1;
         }
         pending.push_back(index);
+        cudaCheck(cudaStreamSynchronize(stream));
         record(2 * pending.size() - 2);
     }
 

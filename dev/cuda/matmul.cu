@@ -8,7 +8,9 @@
 // which also proves TF32 is off (TF32 would miss by ~1e-3). Version 1 is llmc/matmul.cuh.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] matmul.cu -lcublasLt -lcublas
-// Run:   ./matmul [version]
+// Run:   ./matmul [version] [model]   ("model" also times the trainer's d12 and llama3.2-1B shapes)
+#include <array>
+
 #include "common.h"
 
 #include "../../llmc/matmul.cuh"
@@ -192,6 +194,14 @@ int main(int argc, char** argv) {
 
     printf("timing\n");
     time_shape(version, 16384, 2048, 8192);
+    if (argc > 2) {  // ./matmul 1 model: the trainer's shapes (B*T = 16384): d12, then llama3.2-1B
+        printf("d12 shapes: qkv, wo, w13, w2, lm_head\n");
+        for (auto s : {std::array<int, 2>{768, 1280}, {768, 768}, {768, 4096}, {2048, 768}, {768, 128256}})
+            time_shape(version, 16384, s[0], s[1]);
+        printf("llama3.2-1B shapes: qkv, wo, w13, w2, lm_head\n");
+        for (auto s : {std::array<int, 2>{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048}, {2048, 128256}})
+            time_shape(version, 16384, s[0], s[1]);
+    }
 
     matmul_destroy();
     return finish(argv[0]);
