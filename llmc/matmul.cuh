@@ -58,6 +58,20 @@ constexpr cudaDataType_t MATMUL_DATA_TYPE = CUDA_R_16BF;
 inline cublasLtHandle_t g_cublaslt_handle = nullptr;
 inline void* g_cublaslt_workspace = nullptr;
 
+// The heuristic's choice for one problem (shape, transposes, pointer alignments), asked once and then reused:
+// asking costs tens of microseconds of CPU per call, which small matmuls cannot hide, and a fixed algorithm per
+// shape also keeps results bit-identical from step to step.
+struct MatmulKey {
+    int m, n, k;
+    bool trans_a, trans_b;
+    uint32_t align_a, align_b, align_d;
+    bool operator==(const MatmulKey& o) const {
+        return m == o.m && n == o.n && k == o.k && trans_a == o.trans_a && trans_b == o.trans_b &&
+               align_a == o.align_a && align_b == o.align_b && align_d == o.align_d;
+    }
+};
+inline std::vector<std::pair<MatmulKey, cublasLtMatmulAlgo_t>> g_matmul_algos;
+
 inline void matmul_init(cudaStream_t stream) {
     if (g_cublaslt_handle != nullptr) return;
     cublasCheck(cublasLtCreate(&g_cublaslt_handle));
@@ -84,19 +98,6 @@ inline uint32_t matmul_pointer_alignment(const void* p) {
     return align;
 }
 
-// The heuristic's choice for one problem (shape, transposes, pointer alignments), asked once and then reused:
-// asking costs tens of microseconds of CPU per call, which small matmuls cannot hide, and a fixed algorithm per
-// shape also keeps results bit-identical from step to step.
-struct MatmulKey {
-    int m, n, k;
-    bool trans_a, trans_b;
-    uint32_t align_a, align_b, align_d;
-    bool operator==(const MatmulKey& o) const {
-        return m == o.m && n == o.n && k == o.k && trans_a == o.trans_a && trans_b == o.trans_b &&
-               align_a == o.align_a && align_b == o.align_b && align_d == o.align_d;
-    }
-};
-inline std::vector<std::pair<MatmulKey, cublasLtMatmulAlgo_t>> g_matmul_algos;
 
 inline cublasLtMatmulAlgo_t matmul_algo(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t layout_a,
                                                cublasLtMatrixLayout_t layout_b, cublasLtMatrixLayout_t layout_d,
