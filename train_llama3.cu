@@ -213,8 +213,10 @@ struct Llama3 {
             floatX* ln2 = layer_slice(a.ln2, l, NC);
             floatX* h13 = layer_slice(a.h13, l, (size_t)N * 2 * F);
             floatX* hact = layer_slice(a.hact, l, (size_t)N * F);
-            prof.begin("fwd qkv matmul + rope");
+            prof.begin("fwd qkv matmul");
             matmul_forward(qkv, ln1, p.wqkv + (size_t)l * QKV * C, N, C, QKV, stream);
+            prof.end();
+            prof.begin("fwd rope");
             rope_forward(qkv, rope_table.ptr, b, t, H, KV, hd, stream);
             prof.end();
             prof.begin("fwd attention");
@@ -324,8 +326,10 @@ struct Llama3 {
             attention_backward(a.dqkv.ptr, a.attention_delta.ptr, a.datty.ptr, qkv, atty, a.lse.ptr + (size_t)l * N * H,
                                b, t, H, KV, hd, stream);
             prof.end();
-            prof.begin("bwd rope + qkv matmul + norm");
+            prof.begin("bwd rope");
             rope_backward(a.dqkv.ptr, rope_table.ptr, b, t, H, KV, hd, stream);
+            prof.end();
+            prof.begin("bwd qkv matmul + norm");
             matmul_backward(a.dnorm.ptr, g.wqkv + (size_t)l * QKV * C, a.dqkv.ptr, ln1, p.wqkv + (size_t)l * QKV * C,
                             N, C, QKV, stream);
             rmsnorm_backward(a.dresidual.ptr, g.attn_norm + (size_t)l * C, a.rmsnorm_scratch.ptr, a.dnorm.ptr, x,

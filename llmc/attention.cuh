@@ -465,8 +465,11 @@ __global__ void __launch_bounds__(ATTN_THREADS)
 
 constexpr int ATC_WARPS = 4;
 constexpr int ATC_THREADS = 32 * ATC_WARPS;
-constexpr int ATC_ROWS = 16 * ATC_WARPS;  // rows a CTA owns (queries; keys in dK/dV): 16 per warp
-constexpr int ATC_KEYS = 64;              // keys per streamed K/V tile (forward, dQ)
+// Tile configuration per kernel and head dim (measured best; see the section comment). MT: m16 row tiles per warp
+// (the CTA owns 64 MT rows); BN / BQ: rows of the streamed tiles.
+constexpr int ATC_FWD_MT_64 = 2, ATC_FWD_BN_64 = 64, ATC_FWD_MT_128 = 2, ATC_FWD_BN_128 = 32;
+constexpr int ATC_DQ_MT_64 = 2, ATC_DQ_BN_64 = 32, ATC_DQ_MT_128 = 2, ATC_DQ_BN_128 = 32;
+constexpr int ATC_KV_MT_64 = 2, ATC_KV_BQ_64 = 32, ATC_KV_MT_128 = 1, ATC_KV_BQ_128 = 64;
 
 // ----------------------------------------------------------------------------------------------------------------
 // PTX wrappers
@@ -584,44 +587,58 @@ __device__ __forceinline__ void atc_store_warp_rows(__nv_bfloat16* dst, size_t r
 // ----------------------------------------------------------------------------------------------------------------
 // Forward
 
-template <int HD>
-constexpr size_t attention_forward_tc_smem_bytes() {
-    return sizeof(__nv_bfloat16) * (HD + 8) * (ATC_ROWS + 4 * ATC_KEYS);
+// CTA rows (queries here; keys in dK/dV) for MT m16 tiles per warp.
+template <int MT>
+__host__ __device__ constexpr int atc_rows() {
+    return 16 * MT * ATC_WARPS;
 }
 
-// grid (B * H, ceil(T / 64)), block 128.
-template <int HD>
+template <int HD, int MT, int BN>
+constexpr size_t attention_forward_tc_smem_bytes() {
+    return sizeof(__nv_bfloat16) * (HD + 8) * (atc_rows<MT>() + 4 * BN);
+}
+
+// grid (B * H, ceil(T / (64 MT))), block 128. MT: m16 query tiles per warp; BN: keys per K/V tile.
+template <int HD, int MT, int BN>
 __global__ void __launch_bounds__(ATC_THREADS, 2)
     attention_forward_tc_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int T, int H, int KV,
                                 float scale_log2) {
-    constexpr int LD = HD + 8, BN = ATC_KEYS;
+    constexpr int LD = HD + 8, ROWS = atc_rows<MT>(), WR = 16 * MT;  // WR: rows per warp
+    // The warp's Q fragments (MT HD / 4 registers) stay in registers when that is cheap; otherwise (HD 128, MT 2,
+    // where O alone takes 128 registers) they are re-read from smem for each K tile.
+    constexpr bool QREG = MT * HD <= 128;
     extern __shared__ int4 atc_smem_fwd[];
-    __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(atc_smem_fwd);  // (64, LD)
-    __nv_bfloat16* Ks = Qs + ATC_ROWS * LD;                               // 2 stages x (64, LD)
-    __nv_bfloat16* Vs = Ks + 2 * BN * LD;                                 // 2 stages x (64, LD)
+    __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(atc_smem_fwd);  // (ROWS, LD)
+    __nv_bfloat16* Ks = Qs + ROWS * LD;                                   // 2 stages x (BN, LD)
+    __nv_bfloat16* Vs = Ks + 2 * BN * LD;                                 // 2 stages x (BN, LD)
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
     const int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV);
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * ATC_ROWS;  // the longest (last) query tiles are scheduled first
-    const int qw = q0 + 16 * warp;                            // the warp's first query
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * ROWS;  // the longest (last) query tiles are scheduled first
+    const int qw = q0 + WR * warp;                        // the warp's first query
     const size_t stride = (size_t)(H + 2 * KV) * HD;
     const __nv_bfloat16* q_src = qkv + (size_t)b * T * stride + (size_t)h * HD;
     const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
     const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
 
     // Causal: keys up to the tile's last query. n_tiles >= 1 since q0 < T.
-    const int n_tiles = ceil_div(min(q0 + ATC_ROWS, T), BN);
-    atc_load_tile<HD, ATC_ROWS>(Qs, q_src, stride, q0, T);
+    const int n_tiles = ceil_div(min(q0 + ROWS, T), BN);
+    atc_load_tile<HD, ROWS>(Qs, q_src, stride, q0, T);
     atc_load_tile<HD, BN>(Ks, k_src, stride, 0, T);
     atc_load_tile<HD, BN>(Vs, v_src, stride, 0, T);
     atc_cp_async_commit();
 
-    uint32_t qf[HD / 16][4];  // the warp's 16 x HD query block as A fragments, one per k-step of 16
-    float o[HD / 8][4];       // O accumulator: n8 tile nt holds columns 8 nt .. 8 nt + 7
+    uint32_t qf[QREG ? MT : 1][QREG ? HD / 16 : 1][4];  // the warp's Q block as A fragments (if QREG)
+    float o[MT][HD / 8][4];  // O accumulator: m tile mt, n8 tile nt holds columns 8 nt .. 8 nt + 7
+    float m[MT][2], l[MT][2];  // running max of rows g, g+8 (log2 domain, scaled); this lane's part of the row sums
 #pragma unroll
-    for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY};  // running max of rows g, g+8 (log2 domain, scaled)
-    float l[2] = {0.0f, 0.0f};            // this lane's part of the running row sums
+    for (int mt = 0; mt < MT; mt++) {
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++) o[mt][nt][0] = o[mt][nt][1] = o[mt][nt][2] = o[mt][nt][3] = 0.0f;
+    }
+    const uint32_t q_base = atc_smem_u32(Qs);
 
     for (int j = 0; j < n_tiles; j++) {
         const int stage = j % 2;
@@ -635,141 +652,173 @@ __global__ void __launch_bounds__(ATC_THREADS, 2)
         }
         __syncthreads();  // everyone's copies of tile j visible
 
-        if (j == 0) {
+        if constexpr (QREG) {
+            if (j == 0) {
 #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                atc_ldsm_x4(qf[kk], atc_smem_u32(Qs) + atc_off_a<LD>(16 * warp, 16 * kk, lane));
+                for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+                    for (int kk = 0; kk < HD / 16; kk++) {
+                        atc_ldsm_x4(qf[mt][kk], q_base + atc_off_a<LD>(WR * warp + 16 * mt, 16 * kk, lane));
+                    }
+                }
             }
         }
         const int k0 = j * BN;
-        if (k0 <= qw + 15) {  // warp-uniform: the tile has keys visible to some query of this warp
+        if (k0 <= qw + WR - 1) {  // warp-uniform: the tile has keys visible to some query of this warp
             const uint32_t k_base = atc_smem_u32(Ks + stage * BN * LD), v_base = atc_smem_u32(Vs + stage * BN * LD);
-            float s[BN / 8][4];
+            float s[MT][BN / 8][4];
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+            }
+            // S = Q K^T. Each K fragment (one ldmatrix) feeds 2 MT mmas: MT = 2 halves the smem traffic per mma.
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t qa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    if constexpr (QREG) {
+#pragma unroll
+                        for (int i = 0; i < 4; i++) qa[mt][i] = qf[mt][kk][i];
+                    } else {
+                        atc_ldsm_x4(qa[mt], q_base + atc_off_a<LD>(WR * warp + 16 * mt, 16 * kk, lane));
+                    }
+                }
 #pragma unroll
                 for (int np = 0; np < BN / 16; np++) {
                     uint32_t kb[4];
                     atc_ldsm_x4(kb, k_base + atc_off_b<LD>(16 * np, 16 * kk, lane));
-                    atc_mma(s[2 * np], qf[kk], kb[0], kb[1]);
-                    atc_mma(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        atc_mma(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+                        atc_mma(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+                    }
                 }
             }
             if (k0 + BN - 1 > qw) {  // diagonal tile: some key is after some query of the warp
 #pragma unroll
-                for (int nt = 0; nt < BN / 8; nt++) {
+                for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = k0 + 8 * nt + c + (e % 2), q = qw + g + 8 * (e / 2);
-                        if (key > q) s[nt][e] = -INFINITY;
+                    for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int key = k0 + 8 * nt + c + (e % 2), q = qw + 16 * mt + g + 8 * (e / 2);
+                            if (key > q) s[mt][nt][e] = -INFINITY;
+                        }
                     }
                 }
             }
-            // Online softmax for rows g (r = 0: elements 0, 1) and g+8 (r = 1: elements 2, 3).
+            // Online softmax for rows g (r = 0: elements 0, 1) and g+8 (r = 1: elements 2, 3) of each m tile.
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float mx = -INFINITY;
+            for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-                for (int nt = 0; nt < BN / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));  // the 4 lanes of a quad share the row
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-                const float m_new = fmaxf(m[r], mx * scale_log2);
-                // Every row sees key 0 in tile 0, so m_new is finite; the guard keeps a fully masked row from
-                // computing (-inf) - (-inf) = NaN all the same.
-                const float base = m_new == -INFINITY ? 0.0f : m_new;
-                const float alpha = exp2f(m[r] - base);  // rescales what was accumulated under the old max
-                m[r] = m_new;
-                float sum = 0.0f;
+                for (int r = 0; r < 2; r++) {
+                    float mx = -INFINITY;
 #pragma unroll
-                for (int nt = 0; nt < BN / 8; nt++) {
+                    for (int nt = 0; nt < BN / 8; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));  // the 4 lanes of a quad share the row
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                    const float m_new = fmaxf(m[mt][r], mx * scale_log2);
+                    // Every row sees key 0 in tile 0, so m_new is finite once tile 0 is done (a row whose keys in
+                    // a later tile are all masked keeps its max); the guard keeps a fully masked row from computing
+                    // (-inf) - (-inf) = NaN all the same.
+                    const float base = m_new == -INFINITY ? 0.0f : m_new;
+                    const float alpha = exp2f(m[mt][r] - base);  // rescales what was accumulated under the old max
+                    m[mt][r] = m_new;
+                    float sum = 0.0f;
 #pragma unroll
-                    for (int e = 2 * r; e < 2 * r + 2; e++) {
-                        s[nt][e] = exp2f(fmaf(s[nt][e], scale_log2, -base));  // masked: exp2(-inf) = 0
-                        sum += s[nt][e];
+                    for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+                        for (int e = 2 * r; e < 2 * r + 2; e++) {
+                            s[mt][nt][e] = exp2f(fmaf(s[mt][nt][e], scale_log2, -base));  // masked: exp2(-inf) = 0
+                            sum += s[mt][nt][e];
+                        }
+                    }
+                    l[mt][r] = l[mt][r] * alpha + sum;
+#pragma unroll
+                    for (int nt = 0; nt < HD / 8; nt++) {
+                        o[mt][nt][2 * r] *= alpha;
+                        o[mt][nt][2 * r + 1] *= alpha;
                     }
                 }
-                l[r] = l[r] * alpha + sum;
-#pragma unroll
-                for (int nt = 0; nt < HD / 8; nt++) {
-                    o[nt][2 * r] *= alpha;
-                    o[nt][2 * r + 1] *= alpha;
-                }
             }
-            // O += P V: P from the S accumulators (bf16 A fragments), V tile as B via ldmatrix.trans.
+            // O += P V: P from the S accumulators (bf16 A fragments), V tile as B via ldmatrix.trans (one V
+            // fragment feeds 2 MT mmas).
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) {
-                uint32_t pa[4];
-                atc_acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+                uint32_t pa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) atc_acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
                 for (int dp = 0; dp < HD / 16; dp++) {
                     uint32_t vb[4];
                     atc_ldsm_x4_trans(vb, v_base + atc_off_bt<LD>(16 * kk, 16 * dp, lane));
-                    atc_mma(o[2 * dp], pa, vb[0], vb[1]);
-                    atc_mma(o[2 * dp + 1], pa, vb[2], vb[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        atc_mma(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+                        atc_mma(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+                    }
                 }
             }
         }
         __syncthreads();  // all warps done with this stage before the next iteration's prefetch overwrites it
     }
 
-    float inv_l[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float sum = l[r];
-        sum += __shfl_xor_sync(0xffffffff, sum, 1);
-        sum += __shfl_xor_sync(0xffffffff, sum, 2);
-        inv_l[r] = 1.0f / sum;
-        const int q = qw + g + 8 * r;
-        if (lane % 4 == 0 && q < T) lse[(size_t)blockIdx.x * T + q] = (m[r] + log2f(sum)) * ATTN_LN2;
-    }
     const size_t out_stride = (size_t)H * HD;
-    atc_store_warp_rows<HD>(out + (size_t)b * T * out_stride + (size_t)h * HD, out_stride, Qs + 16 * warp * LD, o,
-                            inv_l[0], inv_l[1], qw, T, lane);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        float inv_l[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float sum = l[mt][r];
+            sum += __shfl_xor_sync(0xffffffff, sum, 1);
+            sum += __shfl_xor_sync(0xffffffff, sum, 2);
+            inv_l[r] = 1.0f / sum;
+            const int q = qw + 16 * mt + g + 8 * r;
+            if (lane % 4 == 0 && q < T) lse[(size_t)blockIdx.x * T + q] = (m[mt][r] + log2f(sum)) * ATTN_LN2;
+        }
+        // The warp's own Q rows (read by no other warp) are dead now: they stage the result.
+        atc_store_warp_rows<HD>(out + (size_t)b * T * out_stride + (size_t)h * HD, out_stride,
+                                Qs + (WR * warp + 16 * mt) * LD, o[mt], inv_l[0], inv_l[1], qw + 16 * mt, T, lane);
+    }
 }
 
 // ----------------------------------------------------------------------------------------------------------------
 // Backward
 
-// Query tile of the dK/dV kernel: 64 for HD 64; 32 for HD 128, which keeps S^T and dP^T at 16 fp32 registers each
-// next to the 2 x 64 of the dK, dV accumulators (no spills).
-template <int HD>
-__host__ __device__ constexpr int atc_dkdv_bq() {
-    return HD <= 64 ? 64 : 32;
-}
-
-template <int HD>
+template <int HD, int MT, int BQ>
 constexpr size_t attention_backward_dkdv_tc_smem_bytes() {
-    return sizeof(__nv_bfloat16) * (HD + 8) * (2 * ATC_ROWS + 4 * atc_dkdv_bq<HD>()) +
-           sizeof(float) * 4 * atc_dkdv_bq<HD>();
+    return sizeof(__nv_bfloat16) * (HD + 8) * (2 * atc_rows<MT>() + 4 * BQ) + sizeof(float) * 4 * BQ;
 }
 
-// dk, dv for one (b, kv head, tile of 64 keys). grid (B * KV, ceil(T / 64)), block 128.
-template <int HD>
+// dk, dv for one (b, kv head, tile of 64 MT keys). grid (B * KV, ceil(T / (64 MT))), block 128.
+// MT: m16 key tiles per warp; BQ: queries per streamed Q/dO tile.
+template <int HD, int MT, int BQ>
 __global__ void __launch_bounds__(ATC_THREADS, 2)
     attention_backward_dkdv_tc_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
                                       const float* lse, const float* delta, int T, int H, int KV, float scale,
                                       float scale_log2) {
-    constexpr int LD = HD + 8, BQ = atc_dkdv_bq<HD>();
+    constexpr int LD = HD + 8, ROWS = atc_rows<MT>(), WR = 16 * MT;
+    static_assert(ROWS % BQ == 0, "query tiles must start at the key tile's first key");
     extern __shared__ int4 atc_smem_dkdv[];
-    __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(atc_smem_dkdv);  // (64, LD)
-    __nv_bfloat16* Vs = Ks + ATC_ROWS * LD;                                // (64, LD)
-    __nv_bfloat16* Qs = Vs + ATC_ROWS * LD;                                // 2 stages x (BQ, LD)
+    __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(atc_smem_dkdv);  // (ROWS, LD)
+    __nv_bfloat16* Vs = Ks + ROWS * LD;                                    // (ROWS, LD)
+    __nv_bfloat16* Qs = Vs + ROWS * LD;                                    // 2 stages x (BQ, LD)
     __nv_bfloat16* dOs = Qs + 2 * BQ * LD;                                 // 2 stages x (BQ, LD)
     float* lse2_s = reinterpret_cast<float*>(dOs + 2 * BQ * LD);           // 2 stages x BQ: lse log2(e)
     float* D_s = lse2_s + 2 * BQ;                                          // 2 stages x BQ: delta
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
     const int b = blockIdx.x / KV, kvh = blockIdx.x % KV, group = H / KV;
-    const int k0 = blockIdx.y * ATC_ROWS;  // the first key tiles see the most queries: scheduled first
-    const int kw = k0 + 16 * warp;         // the warp's first key
+    const int k0 = blockIdx.y * ROWS;  // the first key tiles see the most queries: scheduled first
+    const int kw = k0 + WR * warp;     // the warp's first key
     const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
     const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
     const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
 
     // Work items: (query head g_i of the group, query tile from the diagonal), flattened so that one pipeline runs
-    // through all of them in a fixed order. k0 is a multiple of 64, hence of BQ: queries before k0 see no key here.
+    // through all of them in a fixed order. k0 is a multiple of ROWS, hence of BQ: queries before k0 see no key here.
     const int n_q = ceil_div(T - k0, BQ), n_items = group * n_q;
     auto issue = [&](int item, int stage) {
         const int h = kvh * group + item / n_q, q0 = k0 + (item % n_q) * BQ;
@@ -784,16 +833,19 @@ __global__ void __launch_bounds__(ATC_THREADS, 2)
         }
     };
 
-    atc_load_tile<HD, ATC_ROWS>(Ks, k_src, stride, k0, T);
-    atc_load_tile<HD, ATC_ROWS>(Vs, v_src, stride, k0, T);
+    atc_load_tile<HD, ROWS>(Ks, k_src, stride, k0, T);
+    atc_load_tile<HD, ROWS>(Vs, v_src, stride, k0, T);
     issue(0, 0);
     atc_cp_async_commit();
 
-    float dk[HD / 8][4], dv[HD / 8][4];
+    float dk[MT][HD / 8][4], dv[MT][HD / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < HD / 8; nt++) {
+    for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-        for (int e = 0; e < 4; e++) dk[nt][e] = dv[nt][e] = 0.0f;
+        for (int nt = 0; nt < HD / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) dk[mt][nt][e] = dv[mt][nt][e] = 0.0f;
+        }
     }
     const uint32_t k_base = atc_smem_u32(Ks), v_base = atc_smem_u32(Vs);
 
@@ -813,61 +865,86 @@ __global__ void __launch_bounds__(ATC_THREADS, 2)
             const uint32_t q_base = atc_smem_u32(Qs + stage * BQ * LD), do_base = atc_smem_u32(dOs + stage * BQ * LD);
             const float* lse2_t = lse2_s + stage * BQ;
             const float* D_t = D_s + stage * BQ;
-            // S^T = K Q^T and dP^T = V dO^T: rows are the warp's 16 keys, columns the BQ queries.
-            float s[BQ / 8][4], dp[BQ / 8][4];
+            // S^T = K Q^T and dP^T = V dO^T: rows are the warp's WR keys, columns the BQ queries. Each Q / dO
+            // fragment feeds 2 MT mmas.
+            float s[MT][BQ / 8][4], dp[MT][BQ / 8][4];
 #pragma unroll
-            for (int nt = 0; nt < BQ / 8; nt++) {
+            for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+                for (int nt = 0; nt < BQ / 8; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
+                }
             }
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
-                uint32_t ka[4], va[4];
-                atc_ldsm_x4(ka, k_base + atc_off_a<LD>(16 * warp, 16 * kk, lane));
-                atc_ldsm_x4(va, v_base + atc_off_a<LD>(16 * warp, 16 * kk, lane));
+                uint32_t ka[MT][4], va[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    atc_ldsm_x4(ka[mt], k_base + atc_off_a<LD>(WR * warp + 16 * mt, 16 * kk, lane));
+                    atc_ldsm_x4(va[mt], v_base + atc_off_a<LD>(WR * warp + 16 * mt, 16 * kk, lane));
+                }
 #pragma unroll
                 for (int np = 0; np < BQ / 16; np++) {
                     uint32_t qb[4], ob[4];
                     atc_ldsm_x4(qb, q_base + atc_off_b<LD>(16 * np, 16 * kk, lane));
-                    atc_mma(s[2 * np], ka, qb[0], qb[1]);
-                    atc_mma(s[2 * np + 1], ka, qb[2], qb[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        atc_mma(s[mt][2 * np], ka[mt], qb[0], qb[1]);
+                        atc_mma(s[mt][2 * np + 1], ka[mt], qb[2], qb[3]);
+                    }
                     atc_ldsm_x4(ob, do_base + atc_off_b<LD>(16 * np, 16 * kk, lane));
-                    atc_mma(dp[2 * np], va, ob[0], ob[1]);
-                    atc_mma(dp[2 * np + 1], va, ob[2], ob[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        atc_mma(dp[mt][2 * np], va[mt], ob[0], ob[1]);
+                        atc_mma(dp[mt][2 * np + 1], va[mt], ob[2], ob[3]);
+                    }
                 }
             }
-            // P^T, dS^T in place. Element (nt, e): key kw + g + 8 (e / 2), query q0 + 8 nt + c + e % 2.
+            // P^T, dS^T in place. Element (mt, nt, e): key kw + 16 mt + g + 8 (e / 2), query q0 + 8 nt + c + e % 2.
             // Masking is needed where some query precedes some key of the warp, or the tile runs past T.
-            const bool need_mask = q0 < kw + 15 || q0 + BQ > T;
+            const bool need_mask = q0 < kw + WR - 1 || q0 + BQ > T;
 #pragma unroll
-            for (int nt = 0; nt < BQ / 8; nt++) {
+            for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int qi = 8 * nt + c + e % 2;
-                    float p = exp2f(fmaf(s[nt][e], scale_log2, -lse2_t[qi]));
-                    if (need_mask) {
-                        const int q = q0 + qi, key = kw + g + 8 * (e / 2);
-                        if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
+                for (int nt = 0; nt < BQ / 8; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int qi = 8 * nt + c + e % 2;
+                        float p = exp2f(fmaf(s[mt][nt][e], scale_log2, -lse2_t[qi]));
+                        if (need_mask) {
+                            const int q = q0 + qi, key = kw + 16 * mt + g + 8 * (e / 2);
+                            if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
+                        }
+                        s[mt][nt][e] = p;
+                        dp[mt][nt][e] = p * (dp[mt][nt][e] - D_t[qi]);
                     }
-                    s[nt][e] = p;
-                    dp[nt][e] = p * (dp[nt][e] - D_t[qi]);
                 }
             }
             // dV += P^T dO and dK += dS^T Q: A from the accumulators, dO and Q tiles as B via ldmatrix.trans.
 #pragma unroll
             for (int kk = 0; kk < BQ / 16; kk++) {
-                uint32_t pa[4], dsa[4];
-                atc_acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-                atc_acc_to_a(dsa, dp[2 * kk], dp[2 * kk + 1]);
+                uint32_t pa[MT][4], dsa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    atc_acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+                    atc_acc_to_a(dsa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
+                }
 #pragma unroll
                 for (int dpr = 0; dpr < HD / 16; dpr++) {
                     uint32_t ob[4], qb[4];
                     atc_ldsm_x4_trans(ob, do_base + atc_off_bt<LD>(16 * kk, 16 * dpr, lane));
-                    atc_mma(dv[2 * dpr], pa, ob[0], ob[1]);
-                    atc_mma(dv[2 * dpr + 1], pa, ob[2], ob[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        atc_mma(dv[mt][2 * dpr], pa[mt], ob[0], ob[1]);
+                        atc_mma(dv[mt][2 * dpr + 1], pa[mt], ob[2], ob[3]);
+                    }
                     atc_ldsm_x4_trans(qb, q_base + atc_off_bt<LD>(16 * kk, 16 * dpr, lane));
-                    atc_mma(dk[2 * dpr], dsa, qb[0], qb[1]);
-                    atc_mma(dk[2 * dpr + 1], dsa, qb[2], qb[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        atc_mma(dk[mt][2 * dpr], dsa[mt], qb[0], qb[1]);
+                        atc_mma(dk[mt][2 * dpr + 1], dsa[mt], qb[2], qb[3]);
+                    }
                 }
             }
         }
@@ -876,55 +953,66 @@ __global__ void __launch_bounds__(ATC_THREADS, 2)
 
     // The warp's own K and V rows are dead now: they stage the bf16 results.
     __nv_bfloat16* dqkv_b = dqkv + (size_t)b * T * stride;
-    atc_store_warp_rows<HD>(dqkv_b + (size_t)(H + kvh) * HD, stride, Ks + 16 * warp * LD, dk, scale, scale, kw, T,
-                            lane);
-    atc_store_warp_rows<HD>(dqkv_b + (size_t)(H + KV + kvh) * HD, stride, Vs + 16 * warp * LD, dv, 1.0f, 1.0f, kw,
-                            T, lane);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int rw = WR * warp + 16 * mt;
+        atc_store_warp_rows<HD>(dqkv_b + (size_t)(H + kvh) * HD, stride, Ks + rw * LD, dk[mt], scale, scale,
+                                k0 + rw, T, lane);
+        atc_store_warp_rows<HD>(dqkv_b + (size_t)(H + KV + kvh) * HD, stride, Vs + rw * LD, dv[mt], 1.0f, 1.0f,
+                                k0 + rw, T, lane);
+    }
 }
 
-template <int HD>
+template <int HD, int MT, int BN>
 constexpr size_t attention_backward_dq_tc_smem_bytes() {
-    return sizeof(__nv_bfloat16) * (HD + 8) * (2 * ATC_ROWS + 4 * ATC_KEYS);
+    return sizeof(__nv_bfloat16) * (HD + 8) * (2 * atc_rows<MT>() + 4 * BN);
 }
 
-// dq for one (b, h, tile of 64 queries). grid (B * H, ceil(T / 64)), block 128.
-template <int HD>
+// dq for one (b, h, tile of 64 MT queries). grid (B * H, ceil(T / (64 MT))), block 128.
+// MT: m16 query tiles per warp; BN: keys per streamed K/V tile.
+template <int HD, int MT, int BN>
 __global__ void __launch_bounds__(ATC_THREADS, 2)
     attention_backward_dq_tc_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
                                     const float* lse, const float* delta, int T, int H, int KV, float scale,
                                     float scale_log2) {
-    constexpr int LD = HD + 8, BN = ATC_KEYS;
+    constexpr int LD = HD + 8, ROWS = atc_rows<MT>(), WR = 16 * MT;
     extern __shared__ int4 atc_smem_dq[];
-    __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(atc_smem_dq);  // (64, LD)
-    __nv_bfloat16* dOs = Qs + ATC_ROWS * LD;                             // (64, LD)
-    __nv_bfloat16* Ks = dOs + ATC_ROWS * LD;                             // 2 stages x (64, LD)
-    __nv_bfloat16* Vs = Ks + 2 * BN * LD;                                // 2 stages x (64, LD)
+    __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(atc_smem_dq);  // (ROWS, LD)
+    __nv_bfloat16* dOs = Qs + ROWS * LD;                                 // (ROWS, LD)
+    __nv_bfloat16* Ks = dOs + ROWS * LD;                                 // 2 stages x (BN, LD)
+    __nv_bfloat16* Vs = Ks + 2 * BN * LD;                                // 2 stages x (BN, LD)
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
     const int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV);
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * ATC_ROWS;
-    const int qw = q0 + 16 * warp;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * ROWS;
+    const int qw = q0 + WR * warp;
     const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
     const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
     const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
 
-    const int n_tiles = ceil_div(min(q0 + ATC_ROWS, T), BN);
-    atc_load_tile<HD, ATC_ROWS>(Qs, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
-    atc_load_tile<HD, ATC_ROWS>(dOs, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0, T);
+    const int n_tiles = ceil_div(min(q0 + ROWS, T), BN);
+    atc_load_tile<HD, ROWS>(Qs, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
+    atc_load_tile<HD, ROWS>(dOs, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0, T);
     atc_load_tile<HD, BN>(Ks, k_src, stride, 0, T);
     atc_load_tile<HD, BN>(Vs, v_src, stride, 0, T);
     atc_cp_async_commit();
 
-    float lse2[2], D[2];  // rows g, g+8 of the warp; finite placeholders past T (those rows are never stored)
+    float lse2[MT][2], D[MT][2];  // rows g, g+8 of each m tile; finite placeholders past T (never stored)
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int q = qw + g + 8 * r;
-        lse2[r] = q < T ? lse[(size_t)blockIdx.x * T + q] * ATTN_LOG2E : 0.0f;
-        D[r] = q < T ? delta[(size_t)blockIdx.x * T + q] : 0.0f;
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int q = qw + 16 * mt + g + 8 * r;
+            lse2[mt][r] = q < T ? lse[(size_t)blockIdx.x * T + q] * ATTN_LOG2E : 0.0f;
+            D[mt][r] = q < T ? delta[(size_t)blockIdx.x * T + q] : 0.0f;
+        }
     }
-    float dq[HD / 8][4];
+    float dq[MT][HD / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < HD / 8; nt++) dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++) dq[mt][nt][0] = dq[mt][nt][1] = dq[mt][nt][2] = dq[mt][nt][3] = 0.0f;
+    }
     const uint32_t q_base = atc_smem_u32(Qs), do_base = atc_smem_u32(dOs);
 
     for (int j = 0; j < n_tiles; j++) {
@@ -940,63 +1028,86 @@ __global__ void __launch_bounds__(ATC_THREADS, 2)
         __syncthreads();
 
         const int k0 = j * BN;
-        if (k0 <= qw + 15) {
+        if (k0 <= qw + WR - 1) {
             const uint32_t k_base = atc_smem_u32(Ks + stage * BN * LD), v_base = atc_smem_u32(Vs + stage * BN * LD);
-            float s[BN / 8][4], dp[BN / 8][4];
+            float s[MT][BN / 8][4], dp[MT][BN / 8][4];
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) {
+            for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+                for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
+                }
             }
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
-                uint32_t qa[4], oa[4];
-                atc_ldsm_x4(qa, q_base + atc_off_a<LD>(16 * warp, 16 * kk, lane));
-                atc_ldsm_x4(oa, do_base + atc_off_a<LD>(16 * warp, 16 * kk, lane));
+                uint32_t qa[MT][4], oa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    atc_ldsm_x4(qa[mt], q_base + atc_off_a<LD>(WR * warp + 16 * mt, 16 * kk, lane));
+                    atc_ldsm_x4(oa[mt], do_base + atc_off_a<LD>(WR * warp + 16 * mt, 16 * kk, lane));
+                }
 #pragma unroll
                 for (int np = 0; np < BN / 16; np++) {
                     uint32_t kb[4], vb[4];
                     atc_ldsm_x4(kb, k_base + atc_off_b<LD>(16 * np, 16 * kk, lane));
-                    atc_mma(s[2 * np], qa, kb[0], kb[1]);
-                    atc_mma(s[2 * np + 1], qa, kb[2], kb[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        atc_mma(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+                        atc_mma(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+                    }
                     atc_ldsm_x4(vb, v_base + atc_off_b<LD>(16 * np, 16 * kk, lane));
-                    atc_mma(dp[2 * np], oa, vb[0], vb[1]);
-                    atc_mma(dp[2 * np + 1], oa, vb[2], vb[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        atc_mma(dp[mt][2 * np], oa[mt], vb[0], vb[1]);
+                        atc_mma(dp[mt][2 * np + 1], oa[mt], vb[2], vb[3]);
+                    }
                 }
             }
-            // dS in place of dP. Element (nt, e): query qw + g + 8 (e / 2), key k0 + 8 nt + c + e % 2.
+            // dS in place of dP. Element (mt, nt, e): query qw + 16 mt + g + 8 (e / 2), key k0 + 8 nt + c + e % 2.
             // Diagonal tile. Keys >= T need no test of their own: they are after every valid query.
             const bool need_mask = k0 + BN - 1 > qw;
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) {
+            for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e / 2;
-                    float p = exp2f(fmaf(s[nt][e], scale_log2, -lse2[r]));
-                    if (need_mask && k0 + 8 * nt + c + e % 2 > qw + g + 8 * r) p = 0.0f;
-                    dp[nt][e] = p * (dp[nt][e] - D[r]);
+                for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e / 2;
+                        float p = exp2f(fmaf(s[mt][nt][e], scale_log2, -lse2[mt][r]));
+                        if (need_mask && k0 + 8 * nt + c + e % 2 > qw + 16 * mt + g + 8 * r) p = 0.0f;
+                        dp[mt][nt][e] = p * (dp[mt][nt][e] - D[mt][r]);
+                    }
                 }
             }
             // dQ += dS K: dS from the accumulators, the K tile as B via ldmatrix.trans.
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) {
-                uint32_t dsa[4];
-                atc_acc_to_a(dsa, dp[2 * kk], dp[2 * kk + 1]);
+                uint32_t dsa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) atc_acc_to_a(dsa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
 #pragma unroll
                 for (int dpr = 0; dpr < HD / 16; dpr++) {
                     uint32_t kb[4];
                     atc_ldsm_x4_trans(kb, k_base + atc_off_bt<LD>(16 * kk, 16 * dpr, lane));
-                    atc_mma(dq[2 * dpr], dsa, kb[0], kb[1]);
-                    atc_mma(dq[2 * dpr + 1], dsa, kb[2], kb[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        atc_mma(dq[mt][2 * dpr], dsa[mt], kb[0], kb[1]);
+                        atc_mma(dq[mt][2 * dpr + 1], dsa[mt], kb[2], kb[3]);
+                    }
                 }
             }
         }
         __syncthreads();
     }
 
-    // The warp's own Q rows are dead now (each warp reads only its 16 rows of Qs): they stage the result.
-    atc_store_warp_rows<HD>(dqkv + (size_t)b * T * stride + (size_t)h * HD, stride, Qs + 16 * warp * LD, dq, scale,
-                            scale, qw, T, lane);
+    // The warp's own Q rows are dead now (each warp reads only its WR rows of Qs): they stage the result.
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int rw = WR * warp + 16 * mt;
+        atc_store_warp_rows<HD>(dqkv + (size_t)b * T * stride + (size_t)h * HD, stride, Qs + rw * LD, dq[mt], scale,
+                                scale, q0 + rw, T, lane);
+    }
 }
 
 #endif  // !ENABLE_FP32
@@ -1110,15 +1221,17 @@ inline void attention_tc_check_aligned(const char* who, const void* p) {
     }
 }
 
-template <int HD>
-inline void attention_forward_tc_hd(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV,
-                                    cudaStream_t stream) {
+// One tile configuration of the forward: MT m16 query tiles per warp (64 MT queries per CTA), BN keys per tile.
+// attention_forward_tc picks the best measured one per head dim; dev/cuda benchmarks also call others.
+template <int HD, int MT, int BN>
+inline void attention_forward_tc_cfg(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV,
+                                     cudaStream_t stream) {
     static bool smem_set = false;
-    const size_t smem = attention_forward_tc_smem_bytes<HD>();
-    attention_set_smem(attention_forward_tc_kernel<HD>, smem, smem_set);
+    const size_t smem = attention_forward_tc_smem_bytes<HD, MT, BN>();
+    attention_set_smem(attention_forward_tc_kernel<HD, MT, BN>, smem, smem_set);
     const float scale_log2 = ATTN_LOG2E / sqrtf((float)HD);
-    dim3 grid(B * H, ceil_div(T, ATC_ROWS));
-    attention_forward_tc_kernel<HD><<<grid, ATC_THREADS, smem, stream>>>(out, lse, qkv, T, H, KV, scale_log2);
+    dim3 grid(B * H, ceil_div(T, atc_rows<MT>()));
+    attention_forward_tc_kernel<HD, MT, BN><<<grid, ATC_THREADS, smem, stream>>>(out, lse, qkv, T, H, KV, scale_log2);
     cudaCheckLaunch();
 }
 
@@ -1132,27 +1245,31 @@ inline void attention_forward_tc(floatX* out, float* lse, const floatX* qkv, int
     }
     attention_tc_check_aligned("attention_forward_tc", out);
     attention_tc_check_aligned("attention_forward_tc", qkv);
-    if (head_dim == 64) attention_forward_tc_hd<64>(out, lse, qkv, B, T, n_heads, n_kv_heads, stream);
-    else attention_forward_tc_hd<128>(out, lse, qkv, B, T, n_heads, n_kv_heads, stream);
+    if (head_dim == 64) attention_forward_tc_cfg<64, ATC_FWD_MT_64, ATC_FWD_BN_64>(out, lse, qkv, B, T, n_heads, n_kv_heads, stream);
+    else attention_forward_tc_cfg<128, ATC_FWD_MT_128, ATC_FWD_BN_128>(out, lse, qkv, B, T, n_heads, n_kv_heads, stream);
 }
 
-template <int HD>
-inline void attention_backward_tc_hd(floatX* dqkv, const float* delta, const floatX* dout, const floatX* qkv,
-                                     const float* lse, int B, int T, int H, int KV, cudaStream_t stream) {
+// One tile configuration of the backward (D included): dQ kernel with QMT m16 query tiles per warp and QBN keys per
+// tile, dK/dV kernel with KMT m16 key tiles per warp and KBQ queries per tile.
+template <int HD, int QMT, int QBN, int KMT, int KBQ>
+inline void attention_backward_tc_cfg(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
+                                      const floatX* out, const float* lse, int B, int T, int H, int KV,
+                                      cudaStream_t stream) {
     static bool dq_smem_set = false, dkdv_smem_set = false;
-    const size_t dq_smem = attention_backward_dq_tc_smem_bytes<HD>();
-    const size_t dkdv_smem = attention_backward_dkdv_tc_smem_bytes<HD>();
-    attention_set_smem(attention_backward_dq_tc_kernel<HD>, dq_smem, dq_smem_set);
-    attention_set_smem(attention_backward_dkdv_tc_kernel<HD>, dkdv_smem, dkdv_smem_set);
+    const size_t dq_smem = attention_backward_dq_tc_smem_bytes<HD, QMT, QBN>();
+    const size_t dkdv_smem = attention_backward_dkdv_tc_smem_bytes<HD, KMT, KBQ>();
+    attention_set_smem(attention_backward_dq_tc_kernel<HD, QMT, QBN>, dq_smem, dq_smem_set);
+    attention_set_smem(attention_backward_dkdv_tc_kernel<HD, KMT, KBQ>, dkdv_smem, dkdv_smem_set);
+    attention_delta(delta, dout, out, B, T, H, HD, stream);
     const float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * ATTN_LOG2E;
     // dK/dV first: its CTAs are fewer (B KV per key tile) and longer; both kernels only read what they share.
-    dim3 dkdv_grid(B * KV, ceil_div(T, ATC_ROWS));
-    attention_backward_dkdv_tc_kernel<HD><<<dkdv_grid, ATC_THREADS, dkdv_smem, stream>>>(
+    dim3 dkdv_grid(B * KV, ceil_div(T, atc_rows<KMT>()));
+    attention_backward_dkdv_tc_kernel<HD, KMT, KBQ><<<dkdv_grid, ATC_THREADS, dkdv_smem, stream>>>(
         dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
     cudaCheckLaunch();
-    dim3 dq_grid(B * H, ceil_div(T, ATC_ROWS));
-    attention_backward_dq_tc_kernel<HD><<<dq_grid, ATC_THREADS, dq_smem, stream>>>(dqkv, dout, qkv, lse, delta, T, H,
-                                                                                    KV, scale, scale_log2);
+    dim3 dq_grid(B * H, ceil_div(T, atc_rows<QMT>()));
+    attention_backward_dq_tc_kernel<HD, QMT, QBN><<<dq_grid, ATC_THREADS, dq_smem, stream>>>(
+        dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
     cudaCheckLaunch();
 }
 
@@ -1168,15 +1285,15 @@ inline void attention_backward_tc(floatX* dqkv, float* delta_scratch, const floa
     attention_tc_check_aligned("attention_backward_tc", dqkv);
     attention_tc_check_aligned("attention_backward_tc", dout);
     attention_tc_check_aligned("attention_backward_tc", qkv);
-    attention_delta(delta_scratch, dout, out, B, T, n_heads, head_dim, stream);
     if (head_dim == 64) {
-        attention_backward_tc_hd<64>(dqkv, delta_scratch, dout, qkv, lse, B, T, n_heads, n_kv_heads, stream);
+        attention_backward_tc_cfg<64, ATC_DQ_MT_64, ATC_DQ_BN_64, ATC_KV_MT_64, ATC_KV_BQ_64>(
+            dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, stream);
     } else {
-        attention_backward_tc_hd<128>(dqkv, delta_scratch, dout, qkv, lse, B, T, n_heads, n_kv_heads, stream);
+        attention_backward_tc_cfg<128, ATC_DQ_MT_128, ATC_DQ_BN_128, ATC_KV_MT_128, ATC_KV_BQ_128>(
+            dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, stream);
     }
 }
 #endif  // !ENABLE_FP32
-
 // ----------------------------------------------------------------------------------------------------------------
 // Public entry points: the tensor-core path where it applies (bf16, head_dim 64 or 128), the scalar path otherwise.
 

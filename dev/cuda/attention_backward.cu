@@ -136,12 +136,40 @@ static void split_qkv(const std::vector<float>& x, int B, int T, int H, int KV, 
 // ---------------------------------------------------------------------------------------------------------------
 // GPU versions
 
+// Tensor-core tile configurations as version entries, per head dim: dQ <MT, BN>, dK/dV <MT, BQ>; other head dims
+// take the scalar path, as attention_backward does.
+template <int QMT64, int QBN64, int KMT64, int KBQ64, int QMT128, int QBN128, int KMT128, int KBQ128>
+static void backward_tc_config(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv, const floatX* out,
+                               const float* lse, int B, int T, int H, int KV, int hd) {
+#if !defined(ENABLE_FP32)
+    if (hd == 64) {
+        return attention_backward_tc_cfg<64, QMT64, QBN64, KMT64, KBQ64>(dqkv, delta, dout, qkv, out, lse, B, T, H,
+                                                                         KV, 0);
+    }
+    if (hd == 128) {
+        return attention_backward_tc_cfg<128, QMT128, QBN128, KMT128, KBQ128>(dqkv, delta, dout, qkv, out, lse, B, T,
+                                                                              H, KV, 0);
+    }
+#endif
+    attention_backward_scalar(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
+}
+
 static void attention_backward_gpu(int version, floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
                                    const floatX* out, const float* lse, int B, int T, int H, int KV, int hd) {
     switch (version) {
         case 1: attention_backward_scalar(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
 #if !defined(ENABLE_FP32)
-        case 2: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
+        case 2:  // 16 rows per warp in both kernels
+            backward_tc_config<1, 64, 1, 64, 1, 64, 1, 32>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
+            break;
+        case 3: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
+        // Tuning candidates (./attention_backward sweep): not versions of their own.
+        case 101:  // dQ changes alone
+            backward_tc_config<2, 64, 1, 64, 2, 32, 1, 32>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
+            break;
+        case 102:  // dK/dV changes alone
+            backward_tc_config<1, 64, 2, 32, 1, 64, 1, 64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
+            break;
 #endif
         default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
     }
@@ -154,7 +182,7 @@ struct Shape {
 #if defined(ENABLE_FP32)
 static const int VERSIONS[] = {1};
 #else
-static const int VERSIONS[] = {1, 2};
+static const int VERSIONS[] = {1, 2, 3};
 #endif
 
 static void validate_shape(int version, const Shape& sh, uint64_t seed) {
@@ -237,6 +265,19 @@ static void time_shape(int version, const Shape& sh) {
 int main(int argc, char** argv) {
     require_gpu(argv[0]);  // clear message and exit 1 without a GPU
     std::vector<int> versions(std::begin(VERSIONS), std::end(VERSIONS));
+    if (argc > 1 && strcmp(argv[1], "sweep") == 0) {  // tile configurations: spot validation, then timing
+        for (int cfg : {101, 102}) {
+            uint64_t seed = 7;
+            for (int hd : {64, 128}) {
+                validate_shape(cfg, {2, 257, 8, 2, hd}, seed++);
+                validate_shape(cfg, {1, 1000, 4, 1, hd}, seed++);
+            }
+            time_shape(cfg, {4, 2048, 32, 8, 64});
+            time_shape(cfg, {2, 4096, 32, 8, 128});
+            time_shape(cfg, {1, 8192, 32, 8, 128});
+        }
+        return finish(argv[0]);
+    }
     if (argc > 1) versions = {atoi(argv[1])};
     for (int version : versions) {
         bool known = false;

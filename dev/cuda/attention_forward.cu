@@ -64,12 +64,27 @@ static void attention_forward_cpu(std::vector<float>& out, std::vector<float>& l
 // ---------------------------------------------------------------------------------------------------------------
 // GPU versions
 
+// Tensor-core tile configurations as version entries: <MT, BN> for hd 64 and for hd 128; other head dims take the
+// scalar path, as attention_forward does.
+template <int MT64, int BN64, int MT128, int BN128>
+static void forward_tc_config(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
+#if !defined(ENABLE_FP32)
+    if (hd == 64) return attention_forward_tc_cfg<64, MT64, BN64>(out, lse, qkv, B, T, H, KV, 0);
+    if (hd == 128) return attention_forward_tc_cfg<128, MT128, BN128>(out, lse, qkv, B, T, H, KV, 0);
+#endif
+    attention_forward_scalar(out, lse, qkv, B, T, H, KV, hd, 0);
+}
+
 static void attention_forward_gpu(int version, floatX* out, float* lse, const floatX* qkv, int B, int T, int H,
                                   int KV, int hd) {
     switch (version) {
         case 1: attention_forward_scalar(out, lse, qkv, B, T, H, KV, hd, 0); break;
 #if !defined(ENABLE_FP32)
-        case 2: attention_forward(out, lse, qkv, B, T, H, KV, hd, 0); break;
+        case 2: forward_tc_config<1, 64, 1, 64>(out, lse, qkv, B, T, H, KV, hd); break;  // 16 queries per warp
+        case 3: attention_forward(out, lse, qkv, B, T, H, KV, hd, 0); break;
+        // Tuning candidates (./attention_forward sweep): not versions of their own.
+        case 101: forward_tc_config<2, 32, 2, 64>(out, lse, qkv, B, T, H, KV, hd); break;
+        case 102: forward_tc_config<1, 128, 1, 32>(out, lse, qkv, B, T, H, KV, hd); break;
 #endif
         default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
     }
@@ -82,7 +97,7 @@ struct Shape {
 #if defined(ENABLE_FP32)
 static const int VERSIONS[] = {1};
 #else
-static const int VERSIONS[] = {1, 2};
+static const int VERSIONS[] = {1, 2, 3};
 #endif
 
 static void validate_shape(int version, const Shape& sh, uint64_t seed) {
@@ -133,6 +148,19 @@ static void time_shape(int version, const Shape& sh) {
 int main(int argc, char** argv) {
     require_gpu(argv[0]);  // clear message and exit 1 without a GPU
     std::vector<int> versions(std::begin(VERSIONS), std::end(VERSIONS));
+    if (argc > 1 && strcmp(argv[1], "sweep") == 0) {  // tile configurations: spot validation, then timing
+        for (int cfg : {101, 102}) {
+            uint64_t seed = 7;
+            for (int hd : {64, 128}) {
+                validate_shape(cfg, {2, 257, 8, 2, hd}, seed++);
+                validate_shape(cfg, {1, 1000, 4, 1, hd}, seed++);
+            }
+            time_shape(cfg, {4, 2048, 32, 8, 64});
+            time_shape(cfg, {2, 4096, 32, 8, 128});
+            time_shape(cfg, {1, 8192, 32, 8, 128});
+        }
+        return finish(argv[0]);
+    }
     if (argc > 1) versions = {atoi(argv[1])};
     for (int version : versions) {
         bool known = false;
