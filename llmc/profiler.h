@@ -11,6 +11,7 @@
 
 #include <nvtx3/nvToolsExt.h>
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -22,12 +23,14 @@ struct Profiler {
     cudaStream_t stream = 0;
     struct Region {
         std::string name;
-        double total_ms = 0.0;
+        double total_ms = 0.0;  // GPU time
+        double host_ms = 0.0;   // CPU time spent issuing the region's work
     };
     std::vector<Region> regions;  // in first-seen order, which is step order
     std::vector<cudaEvent_t> events;
     std::vector<int> pending;  // region index of each begin/end event pair recorded this step
     int steps = 0;
+    std::chrono::steady_clock::time_point host_start;
 
     void begin(const char* name) {
         nvtxRangePushA(name);
@@ -43,11 +46,15 @@ struct Profiler {
         pending.push_back(index);
         cudaCheck(cudaStreamSynchronize(stream));
         record(2 * pending.size() - 2);
+        host_start = std::chrono::steady_clock::now();
     }
 
     void end() {
         nvtxRangePop();
-        if (timing) record(2 * pending.size() - 1);
+        if (!timing) return;
+        record(2 * pending.size() - 1);
+        regions[pending.back()].host_ms +=
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start).count();
     }
 
     // After the step's work has finished (the caller synchronised): add up this step's region times.
@@ -68,9 +75,10 @@ struct Profiler {
         for (const Region& r : regions) sum += r.total_ms / steps;
         printf("profile: mean ms per step over %d steps (regions sum to %.2f ms; step wall time %.2f ms)\n", steps,
                sum, step_ms);
+        printf("  %-28s %9s %8s %12s\n", "region", "GPU ms", "share", "host ms");
         for (const Region& r : regions) {
             double ms = r.total_ms / steps;
-            printf("  %-28s %9.3f ms  %5.1f%%\n", r.name.c_str(), ms, 100.0 * ms / sum);
+            printf("  %-28s %9.3f %7.1f%% %12.3f\n", r.name.c_str(), ms, 100.0 * ms / sum, r.host_ms / steps);
         }
     }
 
