@@ -439,37 +439,45 @@ __global__ void __launch_bounds__(ATTN_THREADS)
 // (checked on the host). Tiles are loaded with cp.async.cg (16 bytes, via L2); rows >= T are zero-filled (src-size 0),
 // so masked entries multiply zeros, never uninitialised memory that could hold NaN.
 //
-// Forward: CTA = (64 queries, head, batch), 4 warps; warp w owns queries q0 + 16w .. +15. Its Q fragments stay in
-// registers (HD/16 x 4 regs). K and V tiles of 64 keys stream through a 2-stage cp.async pipeline (tile j+1 loads
-// while tile j is computed), only up to the causal diagonal. Per tile and warp: S = Q K^T (16 x 64, 32 fp32 regs);
-// the causal mask only on the diagonal tile; online softmax in the log2 domain (scores times scale log2 e, exp2f);
-// P packed to bf16 A fragments; O (16 x HD fp32, HD/2 regs) = alpha O + P V. Epilogue: O / l staged through the
-// warp's own (dead) rows of the Q tile for 16-byte stores; lse = (m + log2 l) ln 2.
-// smem: Q 64 x (HD+8) + 2 stages x (K, V) 64 x (HD+8), bf16: 45 KiB (HD 64), 85 KiB (HD 128).
+// Rows per warp (MT). A warp owning 16 rows (one m16 tile) gets 2 mmas out of each 16 x 16 B fragment it loads with
+// ldmatrix; with 32 rows (MT = 2 m16 tiles) it gets 4, halving the shared-memory traffic per mma, which is what
+// limits mma.sync kernels with 16-row warps. The cost is registers (accumulators grow with MT), so each kernel and
+// head dim has its own MT and streamed-tile size (ATC_* constants below; the CTA is always 4 warps, 64 MT rows).
+//
+// Forward: CTA = (64 MT queries, head, batch); warp w owns queries q0 + 16 MT w .. +16 MT - 1. Its Q fragments stay
+// in registers where they fit (MT HD <= 128), else are re-read from smem per K tile. K and V tiles of BN keys stream
+// through a 2-stage cp.async pipeline (tile j+1 loads while tile j is computed), only up to the causal diagonal. Per
+// tile and warp: S = Q K^T (16 MT x BN); the causal mask only on the diagonal tile; online softmax in the log2 domain
+// (scores times scale log2 e folded into one fma before exp2f); P packed to bf16 A fragments; O (16 MT x HD fp32,
+// MT HD/2 regs) = alpha O + P V. Epilogue: O / l staged through the warp's own (dead) rows of the Q tile for 16-byte
+// stores; lse = (m + log2 l) ln 2.
+// smem: Q 64 MT x (HD+8) + 2 stages x (K, V) BN x (HD+8), bf16.
 //
 // Backward: D = rowsum(dO o O) by attention_delta_kernel (shared with the scalar path), then two kernels in which
 // every output element has one writer and a fixed summation order (deterministic, no atomics):
-//   dK/dV: CTA = (64 keys, kv head, batch); warp w owns keys k0 + 16w .. +15; the K, V tiles stay in smem. Loops over
-//     the group's query heads and, for each, over query tiles of BQ from the diagonal to T (2-stage cp.async pipeline
-//     of Q, dO, and plain loads of lse, D). Per tile and warp, transposed (rows = the warp's keys, columns = queries):
-//     S^T = K Q^T and dP^T = V dO^T (16 x BQ each); P^T = exp2(S^T scale log2 e - lse log2 e), set to 0 where
+//   dK/dV: CTA = (64 MT keys, kv head, batch); warp w owns keys k0 + 16 MT w ..; the K, V tiles stay in smem. Loops
+//     over the group's query heads and, for each, over query tiles of BQ from the diagonal to T (2-stage cp.async
+//     pipeline of Q, dO, and plain loads of lse, D). Per tile and warp, transposed (rows = the warp's keys, columns =
+//     queries): S^T = K Q^T and dP^T = V dO^T; P^T = exp2(S^T scale log2 e - lse log2 e), set to 0 where
 //     key > query or query >= T; dS^T = P^T o (dP^T - D); dV += P^T dO and dK += dS^T Q, with P^T and dS^T reused
 //     from the accumulators as A fragments. dK is multiplied by scale once, at the store.
-//     smem: (K, V) 64 x (HD+8) + 2 stages x (Q, dO) BQ x (HD+8) bf16 + 2 x 2 x BQ fp32.
-//   dQ: CTA = (64 queries, head, batch); warp w owns 16 queries; Q, dO stay in smem; K, V tiles of 64 keys up to the
-//     diagonal through the 2-stage pipeline; recomputes S, P, dP, dS per tile and accumulates dQ += dS K (fp32
-//     registers); dQ times scale at the store. smem as the forward's plus a dO tile.
+//     smem: (K, V) 64 MT x (HD+8) + 2 stages x (Q, dO) BQ x (HD+8) bf16 + 2 x 2 x BQ fp32.
+//   dQ: CTA = (64 MT queries, head, batch); warp w owns 16 MT queries; Q, dO stay in smem; K, V tiles of BN keys up
+//     to the diagonal through the 2-stage pipeline; recomputes S, P, dP, dS per tile and accumulates dQ += dS K (fp32
+//     registers); dQ times scale at the store. smem: (Q, dO) 64 MT x (HD+8) + 2 stages x (K, V) BN x (HD+8).
 // The split recomputes S and dP in both kernels (7 matmuls instead of 5) in exchange for determinism without atomics
 // or a T x T buffer.
 #if !defined(ENABLE_FP32)
 
 constexpr int ATC_WARPS = 4;
 constexpr int ATC_THREADS = 32 * ATC_WARPS;
-// Tile configuration per kernel and head dim (measured best; see the section comment). MT: m16 row tiles per warp
-// (the CTA owns 64 MT rows); BN / BQ: rows of the streamed tiles.
+// Tile configuration per kernel and head dim: the best measured on an H200 (dev/cuda/attention_forward.cu and
+// attention_backward.cu, "sweep"). MT: m16 row tiles per warp (the CTA owns 64 MT rows); BN / BQ: rows of the
+// streamed tiles. The limit is registers: 255 per thread at 2 CTAs of 128 threads per SM. The dK/dV kernel keeps two
+// accumulators (dK, dV: MT HD fp32 registers), so MT = 2 does not fit for HD 128 and spills for HD 64.
 constexpr int ATC_FWD_MT_64 = 2, ATC_FWD_BN_64 = 64, ATC_FWD_MT_128 = 2, ATC_FWD_BN_128 = 32;
-constexpr int ATC_DQ_MT_64 = 2, ATC_DQ_BN_64 = 32, ATC_DQ_MT_128 = 2, ATC_DQ_BN_128 = 32;
-constexpr int ATC_KV_MT_64 = 2, ATC_KV_BQ_64 = 32, ATC_KV_MT_128 = 1, ATC_KV_BQ_128 = 64;
+constexpr int ATC_DQ_MT_64 = 2, ATC_DQ_BN_64 = 64, ATC_DQ_MT_128 = 2, ATC_DQ_BN_128 = 32;
+constexpr int ATC_KV_MT_64 = 1, ATC_KV_BQ_64 = 64, ATC_KV_MT_128 = 1, ATC_KV_BQ_128 = 64;
 
 // ----------------------------------------------------------------------------------------------------------------
 // PTX wrappers

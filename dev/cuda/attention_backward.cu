@@ -164,11 +164,11 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
             break;
         case 3: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
         // Tuning candidates (./attention_backward sweep): not versions of their own.
-        case 101:  // dQ changes alone
-            backward_tc_config<2, 64, 1, 64, 2, 32, 1, 32>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
+        case 101:  // hd 64: dQ with 32 keys per tile
+            backward_tc_config<2, 32, 1, 64, 2, 32, 1, 64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
             break;
-        case 102:  // dK/dV changes alone
-            backward_tc_config<1, 64, 2, 32, 1, 64, 1, 64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
+        case 102:  // hd 64: dK/dV with 32 queries per tile; hd 128: dQ with 16 queries per warp, 32 keys per tile
+            backward_tc_config<2, 64, 1, 32, 1, 32, 1, 64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
             break;
 #endif
         default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);

@@ -8,16 +8,27 @@
 // Versions (all in llmc/attention.cuh; causal TFLOP/s = 2 B H T^2 hd / time, H200, shapes of the timing table):
 //   v1: attention_forward_scalar: flash-style tiled CUDA-core fp32 kernel, online softmax (any precision, hd 1..128).
 //       Measured: 22-26 TFLOP/s on the three timing shapes.
-//   v2: attention_forward (bf16 build only): the tensor-core kernel attention_forward_tc (FlashAttention-2 style,
-//       mma.sync m16n8k16 bf16, ldmatrix, cp.async double buffering) for hd 64 and 128; other head dims fall back
-//       to v1, which is what the trainer runs. Measured (B, T, H, KV, hd):
-//         (4, 2048, 32, 8, 64):  (to be measured)
-//         (2, 4096, 32, 8, 128): (to be measured)
-//         (1, 8192, 32, 8, 128): (to be measured)
+//   v2: the tensor-core kernel attention_forward_tc (FlashAttention-2 style, mma.sync m16n8k16 bf16, ldmatrix,
+//       cp.async double buffering) for hd 64 and 128 (bf16 build only; other head dims fall back to v1), 16 queries
+//       per warp (MT 1: 64 per CTA), 64 keys per tile; Q fragments in registers. Registers 160 (hd 64) / 234 (hd 128).
+//       Measured on an NVIDIA H200 (B, T, H, KV, hd):
+//         (4, 2048, 32, 8, 64):  226 TFLOP/s
+//         (2, 4096, 32, 8, 128): 253 TFLOP/s
+//         (1, 8192, 32, 8, 128): 260 TFLOP/s
+//   v3: attention_forward (what the trainer runs): the same kernel with 32 queries per warp (MT 2: two m16 tiles,
+//       128 queries per CTA), so each K / V fragment loaded with ldmatrix feeds 4 mmas instead of 2; 64 keys per tile
+//       for hd 64 (Q in registers, 251 registers), 32 for hd 128 (Q re-read from smem; 255 registers, 24 bytes
+//       spilled). smem 45 / 51 KiB. Measured on an NVIDIA H200:
+//         (4, 2048, 32, 8, 64):  250 TFLOP/s
+//         (2, 4096, 32, 8, 128): 278 TFLOP/s
+//         (1, 8192, 32, 8, 128): 288 TFLOP/s
+//       Other tile configurations tried (./attention_forward sweep), same shapes: hd 64 MT 2 / 32 keys 217; hd 128
+//       MT 2 / 64 keys (176 bytes spilled) 266, 275; hd 64 MT 1 / 128 keys 208; hd 128 MT 1 / 32 keys 226, 232.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_forward.cu
 // Run:   ./attention_forward [version]     (no argument: every version; the fp32 build has only v1)
+//        ./attention_forward sweep         (bf16: other tile configurations, spot-validated and timed)
 #include "common.h"
 
 #include "../../llmc/attention.cuh"
