@@ -67,8 +67,10 @@ struct Llama3 {
     Llama3Config config;
     size_t num_params = 0;
     DeviceBuffer<floatX> params, grads;
-    DeviceBuffer<float> master, m, v;  // master: fp32 copy of bf16 params (absent in fp32 builds or with -w 0)
-    bool use_master = true;
+    DeviceBuffer<float> master;        // fp32 copy of bf16 params (absent in fp32 builds or with -W 0)
+    DeviceBuffer<float> m, v;          // AdamW moments in fp32 ...
+    DeviceBuffer<__nv_bfloat16> m_bf16, v_bf16;  // ... or in bf16 (-O bf16), stochastically rounded
+    bool use_master = true, bf16_state = false;
     int recompute = 0;                 // activation recomputation level: 0 none, 1 norms + swiglu, 2 also w13
     DeviceBuffer<float> rope_table;    // (max_seq_len, hd/2, 2) {cos, sin}
     Activations acts;
@@ -82,14 +84,21 @@ struct Llama3 {
         num_params = param_layout(config).total;
         params = DeviceBuffer<floatX>(num_params);
         grads = DeviceBuffer<floatX>(num_params);
-        m = DeviceBuffer<float>(num_params);
-        v = DeviceBuffer<float>(num_params);
 #if !defined(ENABLE_FP32)
         if (use_master) master = DeviceBuffer<float>(num_params);
 #endif
         cudaCheck(cudaMemset(grads.ptr, 0, grads.bytes()));
-        cudaCheck(cudaMemset(m.ptr, 0, m.bytes()));
-        cudaCheck(cudaMemset(v.ptr, 0, v.bytes()));
+        if (bf16_state) {
+            m_bf16 = DeviceBuffer<__nv_bfloat16>(num_params);
+            v_bf16 = DeviceBuffer<__nv_bfloat16>(num_params);
+            cudaCheck(cudaMemset(m_bf16.ptr, 0, m_bf16.bytes()));
+            cudaCheck(cudaMemset(v_bf16.ptr, 0, v_bf16.bytes()));
+        } else {
+            m = DeviceBuffer<float>(num_params);
+            v = DeviceBuffer<float>(num_params);
+            cudaCheck(cudaMemset(m.ptr, 0, m.bytes()));
+            cudaCheck(cudaMemset(v.ptr, 0, v.bytes()));
+        }
         std::vector<float> cos_table, sin_table;
         rope_tables(config, config.max_seq_len, &cos_table, &sin_table);
         std::vector<float> table = rope_interleave_tables(cos_table, sin_table);
@@ -363,10 +372,41 @@ struct Llama3 {
         for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
             if (layout.sizes[t] == 0) continue;
             float wd = param_is_matrix(t) ? weight_decay : 0.0f;
-            adamw_update(params.ptr + offset, master.ptr ? master.ptr + offset : nullptr, grads.ptr + offset,
-                         m.ptr + offset, v.ptr + offset, layout.sizes[t], lr, beta1, beta2, step, eps, wd, grad_scale,
-                         seed + (unsigned int)t, stream);
+            auto update_tensor = [&](auto* moment1, auto* moment2) {
+                adamw_update(params.ptr + offset, master.ptr ? master.ptr + offset : nullptr, grads.ptr + offset,
+                             moment1 + offset, moment2 + offset, layout.sizes[t], lr, beta1, beta2, step, eps, wd,
+                             grad_scale, seed + (unsigned int)t, stream);
+            };
+            if (bf16_state) update_tensor(m_bf16.ptr, v_bf16.ptr);
+            else update_tensor(m.ptr, v.ptr);
             offset += layout.sizes[t];
+        }
+    }
+
+    // The master weights (which = 0), m (1) or v (2) as fp32 on the host, whatever their device precision, and back
+    // (bf16 -> fp32 -> bf16 is exact, so a saved bf16 state restores bit for bit).
+    std::vector<float> state_to_host(int which) const {
+        std::vector<float> host(num_params);
+        const DeviceBuffer<float>& fp32 = which == 0 ? master : (which == 1 ? m : v);
+        if (which == 0 || !bf16_state) {
+            cudaCheck(cudaMemcpy(host.data(), fp32.ptr, num_params * sizeof(float), cudaMemcpyDeviceToHost));
+        } else {
+            std::vector<__nv_bfloat16> raw(num_params);
+            cudaCheck(cudaMemcpy(raw.data(), (which == 1 ? m_bf16 : v_bf16).ptr, num_params * 2,
+                                 cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < num_params; i++) host[i] = __bfloat162float(raw[i]);
+        }
+        return host;
+    }
+    void state_from_host(int which, const std::vector<float>& host) {
+        DeviceBuffer<float>& fp32 = which == 0 ? master : (which == 1 ? m : v);
+        if (which == 0 || !bf16_state) {
+            cudaCheck(cudaMemcpy(fp32.ptr, host.data(), num_params * sizeof(float), cudaMemcpyHostToDevice));
+        } else {
+            std::vector<__nv_bfloat16> raw(num_params);
+            for (size_t i = 0; i < num_params; i++) raw[i] = __float2bfloat16_rn(host[i]);
+            cudaCheck(cudaMemcpy((which == 1 ? m_bf16 : v_bf16).ptr, raw.data(), num_params * 2,
+                                 cudaMemcpyHostToDevice));
         }
     }
 
@@ -386,7 +426,8 @@ struct Llama3 {
 // Training state on disk: <out>/model_<step>.bin (our checkpoint format) and <out>/state_<step>.bin:
 //   header 64 int32: [0] magic 20261123 [1] version 1 [2] step [3] floatX is bf16 (1) or fp32 (0)
 //                    [4..5] num_params (low, high 32 bits) [6] has master weights
-//   then master weights fp32 (num_params, if present), m fp32, v fp32, the train loader's state, the sampler RNG.
+//   then master weights fp32 (num_params, if present), m and v (fp32 in the file, also when kept in bf16 on the
+//   GPU), the train loader's state, the sampler RNG.
 // Both are written atomically; the state file is written last, so a state file always has its model.
 
 constexpr int STATE_MAGIC = 20261123;
@@ -415,10 +456,8 @@ static void save_training_state(const std::string& dir, Llama3& model, int step,
     h[6] = model.master.ptr != nullptr;
     AtomicFile out(step_path(dir, "state", step));
     fwriteCheck(h, sizeof(int32_t), 64, out.fp, "state header");
-    std::vector<float> host(model.num_params);
-    for (const DeviceBuffer<float>* buf : {&model.master, &model.m, &model.v}) {
-        if (buf->ptr == nullptr) continue;
-        cudaCheck(cudaMemcpy(host.data(), buf->ptr, buf->bytes(), cudaMemcpyDeviceToHost));
+    for (int which = model.master.ptr ? 0 : 1; which <= 2; which++) {
+        std::vector<float> host = model.state_to_host(which);
         fwriteCheck(host.data(), sizeof(float), model.num_params, out.fp, "optimizer state");
     }
     loader.save_state(out.fp);
@@ -452,10 +491,9 @@ static void load_training_state(const std::string& path, Llama3& model, int* ste
     }
     *step = h[2];
     std::vector<float> host(model.num_params);
-    for (DeviceBuffer<float>* buf : {&model.master, &model.m, &model.v}) {
-        if (buf->ptr == nullptr) continue;
+    for (int which = model.master.ptr ? 0 : 1; which <= 2; which++) {
         freadCheck(host.data(), sizeof(float), model.num_params, fp, "optimizer state");
-        cudaCheck(cudaMemcpy(buf->ptr, host.data(), buf->bytes(), cudaMemcpyHostToDevice));
+        model.state_from_host(which, host);
     }
     loader.load_state(fp, path.c_str());
     freadCheck(sampler_rng, sizeof(*sampler_rng), 1, fp, "sampler rng");
@@ -503,6 +541,7 @@ struct Options {
     uint64_t seed = 1337;
     float peak_tflops = 0.0f;  // 0: from the GPU's name
     int recompute = 1, master_weights = 1, profile = 0;
+    const char* optimizer_state = "fp32";
 };
 
 static void usage(const Options& d) {
@@ -542,6 +581,7 @@ static void usage(const Options& d) {
            d.recompute);
     printf("  -W <0|1>    fp32 master weights in bf16 builds (default %d; 0: bf16 params with stochastic rounding)\n",
            d.master_weights);
+    printf("  -O <type>   AdamW m and v in fp32 or bf16 (stochastic rounding) (default %s)\n", d.optimizer_state);
     printf("  -p <0|1>    profile: time each region of the step with CUDA events, print a table (default %d)\n",
            d.profile);
     printf("  -P <float>  peak TFLOP/s for MFU (default: from the GPU name; H100/H200 989 bf16)\n");
@@ -631,6 +671,10 @@ static Options parse_options(int argc, char** argv) {
             case 'R': o.recompute = (int)parse_int(flag, val, 0, 2); break;
             case 'W': o.master_weights = (int)parse_int(flag, val, 0, 1); break;
             case 'p': o.profile = (int)parse_int(flag, val, 0, 1); break;
+            case 'O':
+                if (strcmp(val, "fp32") != 0 && strcmp(val, "bf16") != 0) bad_flag(flag, val, "not fp32 or bf16");
+                o.optimizer_state = val;
+                break;
             default:
                 fprintf(stderr, "Error: unknown flag %s (see -h)\n", flag);
                 fail_exit();
@@ -726,6 +770,7 @@ int main(int argc, char** argv) {
     Llama3 model;
     cudaCheck(cudaStreamCreate(&model.stream));
     model.use_master = opt.master_weights != 0;
+    model.bf16_state = strcmp(opt.optimizer_state, "bf16") == 0;
     model.recompute = opt.recompute;
     model.profiler.timing = opt.profile != 0;
     model.profiler.stream = model.stream;
@@ -799,8 +844,8 @@ int main(int argc, char** argv) {
     printf("batch: B=%d T=%d grad_accum=%d (%ld tokens/step) | steps %d..%d | train tokens %lld\n", opt.B, opt.T,
            grad_accum, total_batch, start_step + 1, max_steps, (long long)train_loader.total_tokens);
     printf("flops/token %.3e (6 x matmul weights + 6 L H hd T causal attention)\n", model.flops_per_token(opt.T));
-    printf("memory: recompute level %d, master weights %s; mem below = device memory in use beyond the CUDA context\n",
-           model.recompute, model.master.ptr ? "fp32" : "none");
+    printf("memory: recompute level %d, master weights %s, AdamW state %s; mem = device memory in use beyond the CUDA "
+           "context\n", model.recompute, model.master.ptr ? "fp32" : "none", model.bf16_state ? "bf16" : "fp32");
 
     FILE* log = nullptr;
     if (!out_dir.empty()) log = fopenCheck((out_dir + "/log.txt").c_str(), opt.resume ? "a" : "w");

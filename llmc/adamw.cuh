@@ -53,18 +53,26 @@ __device__ __forceinline__ void adamw_store_param(__nv_bfloat16* dst, float x, u
     *dst = stochastic_round_bf16(x, random_bits);
 }
 
+// The optimizer state m, v is fp32, or bf16 to halve its memory (an option for large models). bf16 state is
+// written with stochastic rounding too, from its own random bits, so small updates to m and v survive on average.
+__device__ __forceinline__ void adamw_store_state(float* dst, float x, unsigned int) { *dst = x; }
+__device__ __forceinline__ void adamw_store_state(__nv_bfloat16* dst, float x, unsigned int random_bits) {
+    *dst = stochastic_round_bf16(x, random_bits);
+}
+
 // step_size = lr / (1 - beta1^t), sqrt_bc2 = sqrt(1 - beta2^t), decay = 1 - lr * weight_decay: the same scalars,
 // and the same order of operations, as PyTorch's single-tensor AdamW, so fp32 runs tie out closely.
-__global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
+template <typename State>
+__global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, State* m, State* v, size_t n,
                              float beta1, float beta2, float step_size, float sqrt_bc2, float decay, float eps,
                              float grad_scale, unsigned int seed, unsigned int step) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float g = to_float(grads[i]) * grad_scale;
         float p = master != nullptr ? master[i] : to_float(params[i]);
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
+        float mi = beta1 * to_float(m[i]) + (1.0f - beta1) * g;
+        float vi = beta2 * to_float(v[i]) + (1.0f - beta2) * g * g;
+        adamw_store_state(m + i, mi, adamw_random_bits(seed ^ 0x6d6d6d6du, step, i));
+        adamw_store_state(v + i, vi, adamw_random_bits(seed ^ 0x76767676u, step, i));
         p *= decay;
         p -= step_size * (mi / (sqrtf(vi) / sqrt_bc2 + eps));
         if (master != nullptr) master[i] = p;
@@ -72,10 +80,12 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
     }
 }
 
-// Updates params (and master, m, v) in place for n elements. m and v start at zero before step 1.
+// Updates params (and master, m, v) in place for n elements. m and v (State: float or __nv_bfloat16) start at zero
+// before step 1.
 // weight_decay applies to every element passed: call separately (weight_decay = 0) for the norm gains.
 // seed: any value; the bits also depend on step, so a fixed seed still gives fresh rounding every step.
-inline void adamw_update(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n, float lr,
+template <typename State>
+inline void adamw_update(floatX* params, float* master, const floatX* grads, State* m, State* v, size_t n, float lr,
                          float beta1, float beta2, int step, float eps, float weight_decay, float grad_scale,
                          unsigned int seed, cudaStream_t stream) {
     if (n == 0) return;

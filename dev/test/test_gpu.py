@@ -122,11 +122,12 @@ def losses(stdout):
     return re.findall(r"step +(\d+)/\d+ \| loss (\S+) \| norm (\S+)", stdout)
 
 
-@pytest.mark.parametrize("precision", ["FP32", "BF16"])
-def test_resume_is_bit_identical(build, small_run_inputs, tmp_path, precision):
+@pytest.mark.parametrize("precision,options", [("FP32", ()), ("BF16", ()), ("BF16", ("-W", "0", "-O", "bf16"))])
+def test_resume_is_bit_identical(build, small_run_inputs, tmp_path, precision, options):
     train = build[precision]["train"]
     # a constant schedule, so the run cut short at step 6 follows the same lr as the full one
-    cmd = lambda name, *extra: train_cmd(train, small_run_inputs, tmp_path / name, 12, "-k", "constant", *extra)
+    cmd = lambda name, *extra: train_cmd(train, small_run_inputs, tmp_path / name, 12, "-k", "constant", *options,
+                                         *extra)
     full = run(cmd("full"))
     assert full.returncode == 0, full.stdout + full.stderr
     part = run(cmd("part", "-x", "6"))
@@ -144,17 +145,19 @@ def test_resume_is_bit_identical(build, small_run_inputs, tmp_path, precision):
 
 
 def test_recompute_and_master_options(build, small_run_inputs, tmp_path):
-    """Recomputing activations changes nothing, bit for bit; training without master weights still learns."""
+    """Recomputing activations changes nothing, bit for bit; training without master weights, and with bf16 AdamW
+    state, still learns."""
     train = build["BF16"]["train"]
     runs = {level: run(train_cmd(train, small_run_inputs, tmp_path / f"r{level}", 8, "-R", str(level), "-n", "0"))
             for level in ("0", "1", "2")}
     for result in runs.values():
         assert result.returncode == 0, result.stdout + result.stderr
     assert losses(runs["0"].stdout) == losses(runs["1"].stdout) == losses(runs["2"].stdout)
-    no_master = run(train_cmd(train, small_run_inputs, tmp_path / "w0", 8, "-W", "0", "-n", "0"))
-    assert no_master.returncode == 0, no_master.stdout + no_master.stderr
-    steps = losses(no_master.stdout)
-    assert len(steps) == 8 and float(steps[-1][1]) < float(steps[0][1])
+    for lean in (("-W", "0"), ("-W", "0", "-O", "bf16")):
+        result = run(train_cmd(train, small_run_inputs, tmp_path / "lean", 8, *lean, "-n", "0"))
+        assert result.returncode == 0, result.stdout + result.stderr
+        steps = losses(result.stdout)
+        assert len(steps) == 8 and float(steps[-1][1]) < float(steps[0][1]) - 0.1, result.stdout
 
 
 def test_profile_table(build, small_run_inputs, tmp_path):
@@ -178,6 +181,7 @@ BAD_FLAGS = {
     "unknown schedule": (["-k", "zigzag"], "-k"),
     "unknown flag": (["-Q", "1"], "-Q"),
     "not a number": (["-l", "fast"], "-l"),
+    "bad optimizer state type": (["-O", "fp8"], "-O"),
     "model disagrees with config": (["-c", "d12"], "disagrees"),
     "no shards": (["-i", "/nonexistent/*.bin"], "/nonexistent"),
 }
