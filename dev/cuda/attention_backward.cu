@@ -13,17 +13,30 @@
 // Versions (all in llmc/attention.cuh; TFLOP/s = 2.5 x 2 B H T^2 hd / time, H200, shapes of the timing table):
 //   v1: attention_backward_scalar: CUDA-core fp32 dq and dk/dv kernels (any precision, hd 1..128).
 //       Measured: 14-18 TFLOP/s on the three timing shapes.
-//   v2: attention_backward (bf16 build only): the tensor-core kernels of attention_backward_tc (FlashAttention-2
-//       style: a dK/dV kernel per key tile and kv head, a dQ kernel per query tile and head, mma.sync m16n8k16
-//       bf16) for hd 64 and 128; other head dims fall back to v1, which is what the trainer runs.
-//       Measured (B, T, H, KV, hd):
-//         (4, 2048, 32, 8, 64):  (to be measured)
-//         (2, 4096, 32, 8, 128): (to be measured)
-//         (1, 8192, 32, 8, 128): (to be measured)
+//   v2: the tensor-core kernels of attention_backward_tc (FlashAttention-2 style: a dK/dV kernel per key tile and kv
+//       head, a dQ kernel per query tile and head, mma.sync m16n8k16 bf16) for hd 64 and 128 (bf16 build only; other
+//       head dims fall back to v1), 16 rows per warp (MT 1) in both kernels; dQ: 64 keys per tile; dK/dV: 64 queries
+//       per tile (hd 64), 32 (hd 128). Measured on an NVIDIA H200 (B, T, H, KV, hd):
+//         (4, 2048, 32, 8, 64):  152 TFLOP/s
+//         (2, 4096, 32, 8, 128): 180 TFLOP/s
+//         (1, 8192, 32, 8, 128): 187 TFLOP/s
+//   v3: attention_backward (what the trainer runs): the same kernels with per-head-dim tile configurations. dQ: 32
+//       queries per warp (MT 2: each K / V fragment loaded with ldmatrix feeds 4 mmas instead of 2), 64 keys per tile
+//       (hd 64, 254 registers) or 32 (hd 128, 255 registers, no spill). dK/dV: 16 keys per warp, 64 queries per
+//       tile (hd 64: 240 registers; hd 128: 255, 28 bytes spilled). smem dQ 72 / 102 KiB, dK/dV 55 / 103 KiB.
+//       Measured on an NVIDIA H200:
+//         (4, 2048, 32, 8, 64):  168 TFLOP/s
+//         (2, 4096, 32, 8, 128): 208 TFLOP/s
+//         (1, 8192, 32, 8, 128): 214 TFLOP/s
+//       Other configurations tried (./attention_backward sweep), same shapes: dK/dV with 32 keys per warp (MT 2, 32
+//       queries per tile; hd 64 spills 48 bytes): 128-137 at hd 64; dK/dV hd 128 with 32 queries per tile: 194, 200;
+//       dQ hd 128 with MT 1: 191, 198 (64 keys), 183, 186 (32 keys); dQ hd 64 with 32 keys: 166; dK/dV hd 64 with 32
+//       queries: 148. dK/dV with MT 2 at hd 128 would need 256 accumulator registers: out of reach in this design.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
 // Run:   ./attention_backward [version]     (no argument: every version; the fp32 build has only v1)
+//        ./attention_backward sweep         (bf16: other tile configurations, spot-validated and timed)
 #include "common.h"
 
 #include "../../llmc/attention.cuh"
