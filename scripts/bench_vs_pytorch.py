@@ -48,24 +48,20 @@ def main():
     parser.add_argument("--configs", default="d12,llama3.2-1B")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--binary", default=os.path.join(ROOT, "train_llama3cu"))
-    parser.add_argument("--extra", default="", help="extra flags for train_llama3cu, e.g. '-R 2 -W 0'")
+    parser.add_argument("--extra", action="append", default=None,
+                        help="extra flags for train_llama3cu, e.g. '-W 0 -O bf16'; repeat for several variants, "
+                             "each a row against the same PyTorch run")
     parser.add_argument("--peak", type=float, default=989.0, help="dense bf16 TFLOP/s of the GPU")
     parser.add_argument("--out", default=os.environ.get("OUT", "out"), help="where the logs go")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
+    variants = args.extra or [""]
     rows = []
     for name in args.configs.split(","):
         B, T = BENCH.get(name, (8, 1024))
         config = config_from_name(name)
         flops = flops_per_token(config, T)
-        ours = run([args.binary, "-c", name, "-i", args.train, "-j", "", "-b", str(B), "-t", str(T),
-                    "-x", str(args.steps), "-l", "3e-4", "-v", "0", *args.extra.split()],
-                   os.path.join(args.out, f"bench_ours_{name}.log"))
-        m = re.search(r"summary: median step (\S+) ms over \d+ steps \| (\d+) tok/s .* peak mem (\S+) GiB", ours)
-        if not m:
-            raise SystemExit(f"error: no summary line from train_llama3cu for {name}")
-        our_tok, our_mem = float(m.group(2)), float(m.group(3))
         theirs = run([sys.executable, "scripts/train_llama3.py", "--config", name, "--input_bin", args.train,
                       "-B", str(B), "-T", str(T), "--steps", str(args.steps), "--lr", "3e-4", "--dtype", "bfloat16",
                       "--compile", "1", "--device", "cuda"],
@@ -75,16 +71,24 @@ def main():
         if not m:
             raise SystemExit(f"error: no median line from train_llama3.py for {name}")
         torch_tok, torch_mem, torch_reserved = float(m.group(2)), float(m.group(3)), float(m.group(4))
-        mfu = lambda tok: 100.0 * tok * flops / (args.peak * 1e12)
-        rows.append((name, B, T, our_tok, torch_tok, our_mem, torch_mem, torch_reserved, mfu(our_tok), mfu(torch_tok)))
+        for i, extra in enumerate(variants):
+            ours = run([args.binary, "-c", name, "-i", args.train, "-j", "", "-b", str(B), "-t", str(T),
+                        "-x", str(args.steps), "-l", "3e-4", "-v", "0", *extra.split()],
+                       os.path.join(args.out, f"bench_ours_{name}_{i}.log"))
+            m = re.search(r"summary: median step (\S+) ms over \d+ steps \| (\d+) tok/s .* peak mem (\S+) GiB", ours)
+            if not m:
+                raise SystemExit(f"error: no summary line from train_llama3cu for {name}")
+            our_tok, our_mem = float(m.group(2)), float(m.group(3))
+            mfu = lambda tok: 100.0 * tok * flops / (args.peak * 1e12)
+            rows.append((name, extra or "(defaults)", B, T, our_tok, torch_tok, our_mem, torch_mem, torch_reserved,
+                         mfu(our_tok), mfu(torch_tok)))
 
     print()
-    print(f"{'config':<12} {'B':>3} {'T':>5} | {'ours tok/s':>11} {'torch tok/s':>11} {'ratio':>6} | "
+    print(f"{'config':<12} {'our flags':<16} {'B':>3} {'T':>5} | {'ours tok/s':>10} {'torch tok/s':>11} {'ratio':>6} | "
           f"{'ours GiB':>8} {'torch GiB':>9} {'(reserved)':>10} {'ratio':>6} | {'ours MFU':>8} {'torch MFU':>9}")
-    for name, B, T, ot, tt, om, tm, tr, omfu, tmfu in rows:
-        print(f"{name:<12} {B:>3} {T:>5} | {ot:>11.0f} {tt:>11.0f} {ot / tt:>6.2f} | {om:>8.2f} {tm:>9.2f} "
-              f"{tr:>10.2f} {om / tm:>6.2f} | {omfu:>7.1f}% {tmfu:>8.1f}%")
-
+    for name, flags, B, T, ot, tt, om, tm, tr, omfu, tmfu in rows:
+        print(f"{name:<12} {flags:<16} {B:>3} {T:>5} | {ot:>10.0f} {tt:>11.0f} {ot / tt:>6.2f} | {om:>8.2f} "
+              f"{tm:>9.2f} {tr:>10.2f} {om / tm:>6.2f} | {omfu:>7.1f}% {tmfu:>8.1f}%")
 
 if __name__ == "__main__":
     main()
