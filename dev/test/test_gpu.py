@@ -195,12 +195,16 @@ def test_bad_flags_rejected(build, small_run_inputs, tmp_path, case):
     assert word in result.stderr, result.stderr
 
 
-def test_compute_sanitizer_memcheck(build, small_run_inputs, tmp_path):
+@pytest.mark.parametrize("model", ["test-gqa", "d2"])
+def test_compute_sanitizer_memcheck(build, small_run_inputs, tmp_path, model):
+    """test-gqa (head dim 8) runs the scalar attention kernels, d2 (head dim 64, T = 100: a ragged last tile) the
+    tensor-core ones."""
     sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not os.path.exists(sanitizer):
         pytest.skip("compute-sanitizer not installed")
-    cmd = [sanitizer, "--tool", "memcheck", "--error-exitcode", "9",
-           *train_cmd(build["BF16"]["train"], small_run_inputs, tmp_path / "san", 3, "-n", "0")]
-    result = run(cmd, timeout=1200)
+    cmd = train_cmd(build["BF16"]["train"], small_run_inputs, tmp_path / "san", 3, "-n", "0")
+    if model == "d2":
+        cmd = cmd[:1] + ["-c", "d2"] + cmd[3:] + ["-b", "2", "-t", "100", "-g", "200"]
+    result = run([sanitizer, "--tool", "memcheck", "--error-exitcode", "9", *cmd], timeout=1200)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "ERROR SUMMARY: 0 errors" in result.stdout + result.stderr
