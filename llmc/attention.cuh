@@ -465,6 +465,9 @@ __global__ void __launch_bounds__(ATTN_THREADS)
 //   dQ: CTA = (64 MT queries, head, batch); warp w owns 16 MT queries; Q, dO stay in smem; K, V tiles of BN keys up
 //     to the diagonal through the 2-stage pipeline; recomputes S, P, dP, dS per tile and accumulates dQ += dS K (fp32
 //     registers); dQ times scale at the store. smem: (Q, dO) 64 MT x (HD+8) + 2 stages x (K, V) BN x (HD+8).
+//   dK/dV, 8 warps (used for HD 128): CTA = 128 keys; warp pairs share 32 keys and split the score work by query
+//     halves and the dK/dV work by column halves, exchanging P^T, dS^T through smem; pairs 2, 3 run half a step
+//     behind pairs 0, 1. Described above attention_backward_dkdv_tc8_kernel.
 // The split recomputes S and dP in both kernels (7 matmuls instead of 5) in exchange for determinism without atomics
 // or a T x T buffer.
 #if !defined(ENABLE_FP32)
@@ -478,6 +481,10 @@ constexpr int ATC_THREADS = 32 * ATC_WARPS;
 constexpr int ATC_FWD_MT_64 = 2, ATC_FWD_BN_64 = 64, ATC_FWD_MT_128 = 2, ATC_FWD_BN_128 = 32;
 constexpr int ATC_DQ_MT_64 = 2, ATC_DQ_BN_64 = 64, ATC_DQ_MT_128 = 2, ATC_DQ_BN_128 = 32;
 constexpr int ATC_KV_MT_64 = 1, ATC_KV_BQ_64 = 64, ATC_KV_MT_128 = 1, ATC_KV_BQ_128 = 64;
+// dK/dV warps per CTA: 4 (the 4-warp kernel, MT and BQ as given) or 8 (the 8-warp kernel, 128 keys, BQ as given; MT
+// unused). 8 wins at HD 128 (210 / 217 vs 206 / 213 TFLOP/s), loses at HD 64 (144 vs 168: its mma phases are too short
+// to cover the exponentials of the other warp of a sub-partition).
+constexpr int ATC_KV_W_64 = 4, ATC_KV_W_128 = 8;
 
 // ----------------------------------------------------------------------------------------------------------------
 // PTX wrappers
@@ -547,17 +554,17 @@ __device__ __forceinline__ uint32_t atc_off_bt(int row0, int col0, int lane) {
     return 2u * ((row0 + lane % 8 + 8 * ((lane / 8) % 2)) * LD + col0 + 8 * (lane / 16));
 }
 
-// Issues cp.async loads of rows [r0, r0 + ROWS) of one head into a (ROWS, HD + 8) smem tile; src points at row 0,
+// Issues cp.async loads of rows [r0, r0 + ROWS) of one head into a (ROWS, HD + 8) smem tile (NTHREADS: CTA size); src points at row 0,
 // column 0 of the head, rows `row_stride` elements apart. Rows >= T are zero-filled (the source address is clamped
 // to row 0, which always exists, though nothing is read). The caller commits the group.
-template <int HD, int ROWS>
+template <int HD, int ROWS, int NTHREADS = ATC_THREADS>
 __device__ __forceinline__ void atc_load_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, size_t row_stride, int r0,
                                               int T) {
     constexpr int CHUNKS = HD / 8, LD = HD + 8;  // 16-byte chunks per row
-    static_assert((ROWS * CHUNKS) % ATC_THREADS == 0, "tile must split evenly over the CTA");
+    static_assert((ROWS * CHUNKS) % NTHREADS == 0, "tile must split evenly over the CTA");
 #pragma unroll
-    for (int i = 0; i < ROWS * CHUNKS / ATC_THREADS; i++) {
-        const int idx = i * ATC_THREADS + threadIdx.x;
+    for (int i = 0; i < ROWS * CHUNKS / NTHREADS; i++) {
+        const int idx = i * NTHREADS + threadIdx.x;
         const int r = idx / CHUNKS, c = idx % CHUNKS;  // consecutive threads: consecutive chunks of a row
         const bool valid = r0 + r < T;
         const __nv_bfloat16* g = src + (size_t)(valid ? r0 + r : 0) * row_stride + 8 * c;
@@ -971,6 +978,317 @@ __global__ void __launch_bounds__(ATC_THREADS, 2)
     }
 }
 
+// ----------------------------------------------------------------------------------------------------------------
+// dK/dV with 8 warps (FA2's backward layout): more mma per ldmatrix at the same accumulator registers.
+//
+// The 4-warp kernel above gives each warp 16 keys (MT 1) and all HD columns of dK and dV (HD fp32 accumulator
+// registers): every Q / dO fragment it loads feeds only 2 mmas (~1.8 mma per ldmatrix overall), and MT 2 would need
+// 2 HD accumulator registers. Here the CTA owns 128 keys and 8 warps in 4 pairs; pair p owns keys k0 + 32 p .. + 31
+// and its two warps split the work of a query tile of BQ queries two ways:
+//   * S^T = K Q^T, dP^T = V dO^T, P^T, dS^T: warp (p, w) takes the 32 keys x its half of the queries (BQ / 2 from
+//     q0 + w BQ / 2), MT 2: each Q / dO fragment feeds 4 mmas.
+//   * dV += P^T dO, dK += dS^T Q: warp (p, w) takes the 32 keys x its half of the columns (HD / 2 from w HD / 2) over
+//     all BQ queries: accumulators 2 x 32 x HD / 2 / 32 = HD registers, as before, and each dO / Q fragment feeds 4
+//     mmas. The warp needs P^T, dS^T of its partner's query half too: both warps write theirs (bf16) to shared memory
+//     (stmatrix) and meet at a pair barrier (bar.sync with 64 threads); a warp takes its own half from registers.
+// Per warp and query tile (HD 128, BQ 64): 256 mmas for 104 ldmatrix (~2.5 per ldmatrix) instead of 144.
+// A query half whose queries all precede the pair's keys is skipped by both warps (diagonal tiles).
+// Skew: with one 8-warp CTA per SM and a __syncthreads per tile, all warps reach the exponentials together and the
+// tensor units idle meanwhile (measured on an H200, HD 128: 188 / 194 TFLOP/s for the whole backward, below the
+// 4-warp kernel's 206 / 213, where two CTAs per SM drift apart). So pairs 2, 3 run half a step behind (see the main
+// loop): 210 / 217.
+// Q, dO (and lse, D, by 4-byte cp.async) stream through 3 stages, prefetched one item ahead (a late pair still reads
+// item it - 1's stage while item it is scored); one __syncthreads per item.
+// smem: (K, V) 128 x (HD+8) + 3 stages x (Q, dO) BQ x (HD+8) + (P^T, dS^T) 128 x (BQ+8) bf16 + 3 x 2 x BQ fp32.
+// 255 registers at most (one CTA of 256 threads per SM, like two CTAs of the 4-warp kernel); HD 128, BQ 64: 255 with
+// 8 bytes spilled, smem 207.5 KiB.
+constexpr int ATC8_THREADS = 256, ATC8_KEYS = 128, ATC8_STAGES = 3;
+
+template <int HD, int BQ>
+constexpr size_t attention_backward_dkdv_tc8_smem_bytes() {
+    return sizeof(__nv_bfloat16) * ((HD + 8) * (2 * ATC8_KEYS + 2 * ATC8_STAGES * BQ) + 2 * ATC8_KEYS * (BQ + 8)) +
+           sizeof(float) * 2 * ATC8_STAGES * BQ;
+}
+
+// 4-byte global -> shared copy (lse, D), asynchronous; src_bytes = 0 writes zero.
+__device__ __forceinline__ void atc_cp_async4(uint32_t dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// Stores a 16 x 16 bf16 block held as an A fragment (atc_ldsm_x4's registers) at (row0, col0) of a row-major smem
+// tile with leading dimension LD: one stmatrix.x4 (the inverse of ldmatrix.x4: same addresses, same registers) on
+// Hopper, four 32-bit stores before it.
+template <int LD>
+__device__ __forceinline__ void atc_store_a_frag(uint32_t base, int row0, int col0, const uint32_t (&r)[4], int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                     base + atc_off_a<LD>(row0, col0, lane)),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+#else
+    const int g = lane / 4, c = 2 * (lane % 4);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {  // register i: matrix i = rows 8 (i % 2), columns 8 (i / 2) of the block
+        const uint32_t addr = base + 2u * ((row0 + g + 8 * (i % 2)) * LD + col0 + c + 8 * (i / 2));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(r[i]) : "memory");
+    }
+#endif
+}
+
+// Named barrier for `count` threads (a multiple of 32), id 1..15 (0 is __syncthreads).
+__device__ __forceinline__ void atc_bar_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// Stores a warp's 16 x 8 NT fp32 accumulator block (times mult) as bf16: into the same block of a smem tile with
+// leading dimension LD (which no other warp touches), then 16-byte chunks to global rows r0 .. r0+15 (dst and stage:
+// row 0, column 0 of the block), skipping rows >= T.
+template <int LD, int NT>
+__device__ __forceinline__ void atc_store_warp_block(__nv_bfloat16* dst, size_t row_stride, __nv_bfloat16* stage,
+                                                     const float (&acc)[NT][4], float mult, int r0, int T, int lane) {
+    const int g = lane / 4, c = 2 * (lane % 4);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        *reinterpret_cast<uint32_t*>(stage + g * LD + 8 * nt + c) = atc_pack_bf16(acc[nt][0] * mult, acc[nt][1] * mult);
+        *reinterpret_cast<uint32_t*>(stage + (g + 8) * LD + 8 * nt + c) =
+            atc_pack_bf16(acc[nt][2] * mult, acc[nt][3] * mult);
+    }
+    __syncwarp();
+    static_assert((16 * NT) % 32 == 0, "block must split evenly over the warp");
+#pragma unroll
+    for (int i = 0; i < 16 * NT / 32; i++) {
+        const int idx = i * 32 + lane, r = idx / NT, ch = idx % NT;
+        if (r0 + r < T) {
+            *reinterpret_cast<int4*>(dst + (size_t)(r0 + r) * row_stride + 8 * ch) =
+                *reinterpret_cast<const int4*>(stage + r * LD + 8 * ch);
+        }
+    }
+}
+
+// dk, dv for one (b, kv head, tile of 128 keys). grid (B * KV, ceil(T / 128)), block 256. BQ: queries per tile;
+// SKEW: pairs 2, 3 half a step behind (false only for comparison).
+template <int HD, int BQ, bool SKEW>
+__global__ void __launch_bounds__(ATC8_THREADS, 1)
+    attention_backward_dkdv_tc8_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                       const float* lse, const float* delta, int T, int H, int KV, float scale,
+                                       float scale_log2) {
+    constexpr int LD = HD + 8, LDP = BQ + 8, ROWS = ATC8_KEYS, S = ATC8_STAGES;
+    constexpr int QH = BQ / 2, DH = HD / 2;  // a warp's queries (S^T, dP^T) and columns (dK, dV)
+    constexpr int QK = QH / 16;              // 16-query k steps per half
+    static_assert(QH % 16 == 0 && DH % 16 == 0 && ROWS % BQ == 0, "tile shapes");
+    extern __shared__ int4 atc_smem_dkdv8[];
+    __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(atc_smem_dkdv8);  // (ROWS, LD)
+    __nv_bfloat16* Vs = Ks + ROWS * LD;                                     // (ROWS, LD)
+    __nv_bfloat16* Qs = Vs + ROWS * LD;                                     // S stages x (BQ, LD)
+    __nv_bfloat16* dOs = Qs + S * BQ * LD;                                  // S stages x (BQ, LD)
+    __nv_bfloat16* Ps = dOs + S * BQ * LD;                                  // (ROWS, LDP): P^T of the tile
+    __nv_bfloat16* dSs = Ps + ROWS * LDP;                                   // (ROWS, LDP): dS^T of the tile
+    float* lse_s = reinterpret_cast<float*>(dSs + ROWS * LDP);              // S stages x BQ
+    float* D_s = lse_s + S * BQ;                                            // S stages x BQ
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+    const int pair = warp / 2, half = warp % 2;
+    const int b = blockIdx.x / KV, kvh = blockIdx.x % KV, group = H / KV;
+    const int k0 = blockIdx.y * ROWS;  // the first key tiles see the most queries: scheduled first
+    const int kr = 32 * pair;          // the pair's first key row in the tile
+    const int kw = k0 + kr;            // the pair's first key
+    const int qoff = QH * half, doff = DH * half;
+    const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
+    const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
+    const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
+
+    // Work items (query head of the group, query tile from the diagonal), as in the 4-warp kernel.
+    const int n_q = ceil_div(T - k0, BQ), n_items = group * n_q;
+    auto issue = [&](int item, int stage) {
+        const int h = kvh * group + item / n_q, q0 = k0 + (item % n_q) * BQ;
+        atc_load_tile<HD, BQ, ATC8_THREADS>(Qs + stage * BQ * LD, qkv + (size_t)b * T * stride + (size_t)h * HD,
+                                            stride, q0, T);
+        atc_load_tile<HD, BQ, ATC8_THREADS>(dOs + stage * BQ * LD, dout + (size_t)b * T * o_stride + (size_t)h * HD,
+                                            o_stride, q0, T);
+        const size_t row = ((size_t)b * H + h) * T;  // (b, h) row of lse and delta
+        if (threadIdx.x < 2 * BQ) {
+            const int i = threadIdx.x % BQ, q = q0 + i;
+            const float* src = threadIdx.x < BQ ? lse : delta;
+            float* dst = threadIdx.x < BQ ? lse_s : D_s;
+            atc_cp_async4(atc_smem_u32(dst + stage * BQ + i), src + row + (q < T ? q : 0), q < T ? 4 : 0);
+        }
+    };
+
+    atc_load_tile<HD, ROWS, ATC8_THREADS>(Ks, k_src, stride, k0, T);
+    atc_load_tile<HD, ROWS, ATC8_THREADS>(Vs, v_src, stride, k0, T);
+    issue(0, 0);
+    atc_cp_async_commit();
+
+    float dk[2][DH / 8][4], dv[2][DH / 8][4];  // keys kw + 16 mt + (g, g+8), columns doff + 8 nt + (c, c+1)
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < DH / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) dk[mt][nt][e] = dv[mt][nt][e] = 0.0f;
+        }
+    }
+    const uint32_t k_base = atc_smem_u32(Ks), v_base = atc_smem_u32(Vs);
+    const uint32_t p_base = atc_smem_u32(Ps), ds_base = atc_smem_u32(dSs);
+
+    uint32_t pown[2][QK][4], dsown[2][QK][4];  // this warp's P^T, dS^T of its latest tile, as A fragments
+    auto tile_q0 = [&](int it) { return k0 + (it % n_q) * BQ; };
+    // A query half is live for the pair if some of its queries see some of the pair's keys (warp-uniform).
+    auto half_live = [&](int it, int h) { return tile_q0(it) + QH * h + QH - 1 >= kw; };
+
+    // S^T, dP^T, P^T, dS^T of the warp's query half of item it: into pown / dsown and the pair's rows of Ps / dSs.
+    auto score_phase = [&](int it) {
+        const int stage = it % S, q0 = tile_q0(it);
+        if (!half_live(it, half)) return;
+        const uint32_t q_base = atc_smem_u32(Qs + stage * BQ * LD), do_base = atc_smem_u32(dOs + stage * BQ * LD);
+        float s[2][QH / 8][4], dp[2][QH / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+            for (int nt = 0; nt < QH / 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
+            }
+        }
+        // S^T = K Q^T, dP^T = V dO^T over the warp's 32 keys x QH queries.
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t ka[2][4], va[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                atc_ldsm_x4(ka[mt], k_base + atc_off_a<LD>(kr + 16 * mt, 16 * kk, lane));
+                atc_ldsm_x4(va[mt], v_base + atc_off_a<LD>(kr + 16 * mt, 16 * kk, lane));
+            }
+#pragma unroll
+            for (int np = 0; np < QK; np++) {
+                uint32_t qb[4], ob[4];
+                atc_ldsm_x4(qb, q_base + atc_off_b<LD>(qoff + 16 * np, 16 * kk, lane));
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    atc_mma(s[mt][2 * np], ka[mt], qb[0], qb[1]);
+                    atc_mma(s[mt][2 * np + 1], ka[mt], qb[2], qb[3]);
+                }
+                atc_ldsm_x4(ob, do_base + atc_off_b<LD>(qoff + 16 * np, 16 * kk, lane));
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    atc_mma(dp[mt][2 * np], va[mt], ob[0], ob[1]);
+                    atc_mma(dp[mt][2 * np + 1], va[mt], ob[2], ob[3]);
+                }
+            }
+        }
+        // P^T, dS^T. Element (mt, nt, e): key kw + 16 mt + g + 8 (e / 2), query q0 + qoff + 8 nt + c + e % 2.
+        const bool need_mask = q0 + qoff < kw + 31 || q0 + qoff + QH > T;
+        const float* lse_t = lse_s + stage * BQ + qoff;
+        const float* D_t = D_s + stage * BQ + qoff;
+#pragma unroll
+        for (int nt = 0; nt < QH / 8; nt++) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int qi = 8 * nt + c + j;
+                const float l2 = lse_t[qi] * ATTN_LOG2E, Dq = D_t[qi];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const int e = 2 * r + j;
+                        float p = exp2f(fmaf(s[mt][nt][e], scale_log2, -l2));
+                        if (need_mask) {
+                            const int q = q0 + qoff + qi, key = kw + 16 * mt + g + 8 * r;
+                            if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
+                        }
+                        s[mt][nt][e] = p;
+                        dp[mt][nt][e] = p * (dp[mt][nt][e] - Dq);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+            for (int kk = 0; kk < QK; kk++) {
+                atc_acc_to_a(pown[mt][kk], s[mt][2 * kk], s[mt][2 * kk + 1]);
+                atc_acc_to_a(dsown[mt][kk], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
+                atc_store_a_frag<LDP>(p_base, kr + 16 * mt, qoff + 16 * kk, pown[mt][kk], lane);
+                atc_store_a_frag<LDP>(ds_base, kr + 16 * mt, qoff + 16 * kk, dsown[mt][kk], lane);
+            }
+        }
+    };
+
+    // dV += P^T dO, dK += dS^T Q over item it's BQ queries, the warp's DH columns (after the pair barrier that
+    // follows score_phase(it)).
+    auto kv_phase = [&](int it) {
+        const int stage = it % S;
+        const uint32_t q_base = atc_smem_u32(Qs + stage * BQ * LD), do_base = atc_smem_u32(dOs + stage * BQ * LD);
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) {
+            const bool mine = kk / QK == half;
+            if (!half_live(it, kk / QK)) continue;  // warp-uniform: that half is all zeros
+            uint32_t pa[2][4], dsa[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                if (mine) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        pa[mt][i] = pown[mt][kk % QK][i];
+                        dsa[mt][i] = dsown[mt][kk % QK][i];
+                    }
+                } else {
+                    atc_ldsm_x4(pa[mt], p_base + atc_off_a<LDP>(kr + 16 * mt, 16 * kk, lane));
+                    atc_ldsm_x4(dsa[mt], ds_base + atc_off_a<LDP>(kr + 16 * mt, 16 * kk, lane));
+                }
+            }
+#pragma unroll
+            for (int dpr = 0; dpr < DH / 16; dpr++) {
+                uint32_t ob[4], qb[4];
+                atc_ldsm_x4_trans(ob, do_base + atc_off_bt<LD>(16 * kk, doff + 16 * dpr, lane));
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    atc_mma(dv[mt][2 * dpr], pa[mt], ob[0], ob[1]);
+                    atc_mma(dv[mt][2 * dpr + 1], pa[mt], ob[2], ob[3]);
+                }
+                atc_ldsm_x4_trans(qb, q_base + atc_off_bt<LD>(16 * kk, doff + 16 * dpr, lane));
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    atc_mma(dk[mt][2 * dpr], dsa[mt], qb[0], qb[1]);
+                    atc_mma(dk[mt][2 * dpr + 1], dsa[mt], qb[2], qb[3]);
+                }
+            }
+        }
+    };
+
+    // Skew (SKEW): warps w and w + 4 share an SM sub-partition (one tensor unit); in lockstep both would reach the
+    // exponentials at once and leave it idle. So pairs 2, 3 (warps 4-7) run half a step behind pairs 0, 1: in
+    // iteration it they finish item it - 1 (kv_phase) before scoring item it, so one warp's exponentials overlap the
+    // other's mmas. A late pair reads stages it - 1 and it, so tile it + 1 is prefetched into the third stage, one
+    // item ahead; Ps / dSs rows are the pair's own, so only its barrier guards them across the iterations.
+    const bool late = SKEW && pair >= 2;
+    for (int it = 0; it < n_items; it++) {
+        atc_cp_async_wait<0>();  // item it landed
+        __syncthreads();         // visible to all; every warp done with item it - 1 (early) or it - 2 (late)
+        if (it + 1 < n_items) issue(it + 1, (it + 1) % S);
+        atc_cp_async_commit();
+        if (late && it > 0) {
+            kv_phase(it - 1);
+            atc_bar_sync(1 + pair, 64);  // the partner is done reading item it - 1's P^T, dS^T
+        }
+        score_phase(it);
+        atc_bar_sync(1 + pair, 64);  // the partner's P^T, dS^T half is in smem
+        if (!late) kv_phase(it);
+    }
+    if (late) kv_phase(n_items - 1);
+    atc_bar_sync(1 + pair, 64);  // the partner is done reading the pair's K, V rows: they stage the results
+
+    __nv_bfloat16* dqkv_b = dqkv + (size_t)b * T * stride;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+        const int r = kr + 16 * mt;
+        atc_store_warp_block<LD, DH / 8>(dqkv_b + (size_t)(H + kvh) * HD + doff, stride, Ks + r * LD + doff, dk[mt],
+                                         scale, k0 + r, T, lane);
+        atc_store_warp_block<LD, DH / 8>(dqkv_b + (size_t)(H + KV + kvh) * HD + doff, stride, Vs + r * LD + doff,
+                                         dv[mt], 1.0f, k0 + r, T, lane);
+    }
+}
+
 template <int HD, int MT, int BN>
 constexpr size_t attention_backward_dq_tc_smem_bytes() {
     return sizeof(__nv_bfloat16) * (HD + 8) * (2 * atc_rows<MT>() + 4 * BN);
@@ -1258,22 +1576,32 @@ inline void attention_forward_tc(floatX* out, float* lse, const floatX* qkv, int
 }
 
 // One tile configuration of the backward (D included): dQ kernel with QMT m16 query tiles per warp and QBN keys per
-// tile, dK/dV kernel with KMT m16 key tiles per warp and KBQ queries per tile.
-template <int HD, int QMT, int QBN, int KMT, int KBQ>
+// tile; dK/dV kernel with KW warps: KW 4, the 4-warp kernel with KMT m16 key tiles per warp and KBQ queries per tile;
+// KW 8, the 8-warp kernel (128 keys per CTA, KMT unused) with KBQ queries per tile.
+template <int HD, int QMT, int QBN, int KMT, int KBQ, int KW = 4, bool KSKEW = true>
 inline void attention_backward_tc_cfg(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
                                       const floatX* out, const float* lse, int B, int T, int H, int KV,
                                       cudaStream_t stream) {
+    static_assert(KW == 4 || KW == 8, "dK/dV kernel: 4 or 8 warps");
     static bool dq_smem_set = false, dkdv_smem_set = false;
     const size_t dq_smem = attention_backward_dq_tc_smem_bytes<HD, QMT, QBN>();
-    const size_t dkdv_smem = attention_backward_dkdv_tc_smem_bytes<HD, KMT, KBQ>();
     attention_set_smem(attention_backward_dq_tc_kernel<HD, QMT, QBN>, dq_smem, dq_smem_set);
-    attention_set_smem(attention_backward_dkdv_tc_kernel<HD, KMT, KBQ>, dkdv_smem, dkdv_smem_set);
     attention_delta(delta, dout, out, B, T, H, HD, stream);
     const float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * ATTN_LOG2E;
     // dK/dV first: its CTAs are fewer (B KV per key tile) and longer; both kernels only read what they share.
-    dim3 dkdv_grid(B * KV, ceil_div(T, atc_rows<KMT>()));
-    attention_backward_dkdv_tc_kernel<HD, KMT, KBQ><<<dkdv_grid, ATC_THREADS, dkdv_smem, stream>>>(
-        dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    if constexpr (KW == 4) {
+        const size_t dkdv_smem = attention_backward_dkdv_tc_smem_bytes<HD, KMT, KBQ>();
+        attention_set_smem(attention_backward_dkdv_tc_kernel<HD, KMT, KBQ>, dkdv_smem, dkdv_smem_set);
+        dim3 dkdv_grid(B * KV, ceil_div(T, atc_rows<KMT>()));
+        attention_backward_dkdv_tc_kernel<HD, KMT, KBQ><<<dkdv_grid, ATC_THREADS, dkdv_smem, stream>>>(
+            dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    } else {
+        const size_t dkdv_smem = attention_backward_dkdv_tc8_smem_bytes<HD, KBQ>();
+        attention_set_smem(attention_backward_dkdv_tc8_kernel<HD, KBQ, KSKEW>, dkdv_smem, dkdv_smem_set);
+        dim3 dkdv_grid(B * KV, ceil_div(T, ATC8_KEYS));
+        attention_backward_dkdv_tc8_kernel<HD, KBQ, KSKEW><<<dkdv_grid, ATC8_THREADS, dkdv_smem, stream>>>(
+            dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    }
     cudaCheckLaunch();
     dim3 dq_grid(B * H, ceil_div(T, atc_rows<QMT>()));
     attention_backward_dq_tc_kernel<HD, QMT, QBN><<<dq_grid, ATC_THREADS, dq_smem, stream>>>(
@@ -1294,10 +1622,10 @@ inline void attention_backward_tc(floatX* dqkv, float* delta_scratch, const floa
     attention_tc_check_aligned("attention_backward_tc", dout);
     attention_tc_check_aligned("attention_backward_tc", qkv);
     if (head_dim == 64) {
-        attention_backward_tc_cfg<64, ATC_DQ_MT_64, ATC_DQ_BN_64, ATC_KV_MT_64, ATC_KV_BQ_64>(
+        attention_backward_tc_cfg<64, ATC_DQ_MT_64, ATC_DQ_BN_64, ATC_KV_MT_64, ATC_KV_BQ_64, ATC_KV_W_64>(
             dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, stream);
     } else {
-        attention_backward_tc_cfg<128, ATC_DQ_MT_128, ATC_DQ_BN_128, ATC_KV_MT_128, ATC_KV_BQ_128>(
+        attention_backward_tc_cfg<128, ATC_DQ_MT_128, ATC_DQ_BN_128, ATC_KV_MT_128, ATC_KV_BQ_128, ATC_KV_W_128>(
             dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, stream);
     }
 }

@@ -20,7 +20,7 @@
 //         (4, 2048, 32, 8, 64):  152 TFLOP/s
 //         (2, 4096, 32, 8, 128): 180 TFLOP/s
 //         (1, 8192, 32, 8, 128): 187 TFLOP/s
-//   v3: attention_backward (what the trainer runs): the same kernels with per-head-dim tile configurations. dQ: 32
+//   v3: attention_backward until v4: the same kernels with per-head-dim tile configurations. dQ: 32
 //       queries per warp (MT 2: each K / V fragment loaded with ldmatrix feeds 4 mmas instead of 2), 64 keys per tile
 //       (hd 64, 254 registers) or 32 (hd 128, 255 registers, no spill). dK/dV: 16 keys per warp, 64 queries per
 //       tile (hd 64: 240 registers; hd 128: 255, 28 bytes spilled). smem dQ 72 / 102 KiB, dK/dV 55 / 103 KiB.
@@ -32,6 +32,25 @@
 //       queries per tile; hd 64 spills 48 bytes): 128-137 at hd 64; dK/dV hd 128 with 32 queries per tile: 194, 200;
 //       dQ hd 128 with MT 1: 191, 198 (64 keys), 183, 186 (32 keys); dQ hd 64 with 32 keys: 166; dK/dV hd 64 with 32
 //       queries: 148. dK/dV with MT 2 at hd 128 would need 256 accumulator registers: out of reach in this design.
+//   v4: attention_backward (what the trainer runs; v3 stays as a fixed entry): for hd 128 the dK/dV kernel is the
+//       8-warp attention_backward_dkdv_tc8_kernel (FA2's backward layout): 128 keys per CTA, warp pairs share 32 keys;
+//       the two warps of a pair split S^T / dP^T by query halves and dK / dV by column halves (HD fp32 accumulator
+//       registers each, as before), exchanging P^T, dS^T through smem (stmatrix, pair barrier): ~2.5 mma per
+//       ldmatrix instead of ~1.8. 64 queries per tile, 3 stages, one CTA per SM, 255 registers (8 bytes spilled),
+//       207.5 KiB smem. Pairs 2, 3 run half a step behind pairs 0, 1 (they finish item it - 1 before scoring item
+//       it), so the two warps of an SM sub-partition do not reach the exponentials together. hd 64 keeps v3's
+//       kernels. dQ unchanged. Measured on an NVIDIA H200 (same session as the v3 line below):
+//         (4, 2048, 32, 8, 64):  167 TFLOP/s   (v3 167)
+//         (2, 4096, 32, 8, 128): 209 TFLOP/s   (v3 205)
+//         (1, 8192, 32, 8, 128): 219 TFLOP/s   (v3 212)
+//       In attention_vs_pytorch.py (fwd+bwd TFLOP/s, two runs of the same session, --iters 20), v3 -> v4:
+//       hd 128 T 4096: 228 -> 245, T 8192: 234 -> 253 (PyTorch flash 253, 282): the gain there is larger than in
+//       this benchmark's backward-only timing.
+//       Tried (./attention_backward sweep): the 8-warp kernel without the skew (pairs in lockstep, one
+//       __syncthreads per tile): 140, 188, 194 TFLOP/s, below v3, because with one CTA per SM every warp reaches
+//       the exponentials at the same time and the tensor units idle (v3's two CTAs per SM drift apart); the skew
+//       alone gives +12%. With the skew at hd 64: 144 (the mma phases are too short to cover the other warp's
+//       exponentials), so hd 64 stays on the 4-warp kernel. 32 queries per tile (no skew): 138, 187, 193.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
@@ -151,16 +170,17 @@ static void split_qkv(const std::vector<float>& x, int B, int T, int H, int KV, 
 
 // Tensor-core tile configurations as version entries, per head dim: dQ <MT, BN>, dK/dV <MT, BQ>; other head dims
 // take the scalar path, as attention_backward does.
-template <int QMT64, int QBN64, int KMT64, int KBQ64, int QMT128, int QBN128, int KMT128, int KBQ128>
+template <int QMT64, int QBN64, int KMT64, int KBQ64, int QMT128, int QBN128, int KMT128, int KBQ128, int KW64 = 4,
+          int KW128 = 4, bool SKEW = true>
 static void backward_tc_config(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv, const floatX* out,
                                const float* lse, int B, int T, int H, int KV, int hd) {
 #if !defined(ENABLE_FP32)
     if (hd == 64) {
-        return attention_backward_tc_cfg<64, QMT64, QBN64, KMT64, KBQ64>(dqkv, delta, dout, qkv, out, lse, B, T, H,
+        return attention_backward_tc_cfg<64, QMT64, QBN64, KMT64, KBQ64, KW64, SKEW>(dqkv, delta, dout, qkv, out, lse, B, T, H,
                                                                          KV, 0);
     }
     if (hd == 128) {
-        return attention_backward_tc_cfg<128, QMT128, QBN128, KMT128, KBQ128>(dqkv, delta, dout, qkv, out, lse, B, T,
+        return attention_backward_tc_cfg<128, QMT128, QBN128, KMT128, KBQ128, KW128, SKEW>(dqkv, delta, dout, qkv, out, lse, B, T,
                                                                               H, KV, 0);
     }
 #endif
@@ -175,13 +195,23 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
         case 2:  // 16 rows per warp in both kernels
             backward_tc_config<1, 64, 1, 64, 1, 64, 1, 32>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
             break;
-        case 3: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
+        case 3:  // v3's configuration, kept as a fixed entry
+            backward_tc_config<2, 64, 1, 64, 2, 32, 1, 64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
+            break;
+        case 4: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
         // Tuning candidates (./attention_backward sweep): not versions of their own.
         case 101:  // hd 64: dQ with 32 keys per tile
             backward_tc_config<2, 32, 1, 64, 2, 32, 1, 64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
             break;
         case 102:  // hd 64: dK/dV with 32 queries per tile; hd 128: dQ with 16 queries per warp, 32 keys per tile
             backward_tc_config<2, 64, 1, 32, 1, 32, 1, 64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
+            break;
+        case 103:  // 8-warp dK/dV (skewed pairs), 64 queries per tile, both head dims
+            backward_tc_config<2, 64, 0, 64, 2, 32, 0, 64, 8, 8>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
+            break;
+        case 104:  // 8-warp dK/dV without the skew of the warp pairs, 64 queries per tile, both head dims
+            backward_tc_config<2, 64, 0, 64, 2, 32, 0, 64, 8, 8, false>(dqkv, delta, dout, qkv, out, lse, B, T, H,
+                                                                         KV, hd);
             break;
 #endif
         default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
@@ -195,7 +225,7 @@ struct Shape {
 #if defined(ENABLE_FP32)
 static const int VERSIONS[] = {1};
 #else
-static const int VERSIONS[] = {1, 2, 3};
+static const int VERSIONS[] = {1, 2, 3, 4};
 #endif
 
 static void validate_shape(int version, const Shape& sh, uint64_t seed) {
@@ -279,7 +309,7 @@ int main(int argc, char** argv) {
     require_gpu(argv[0]);  // clear message and exit 1 without a GPU
     std::vector<int> versions(std::begin(VERSIONS), std::end(VERSIONS));
     if (argc > 1 && strcmp(argv[1], "sweep") == 0) {  // tile configurations: spot validation, then timing
-        for (int cfg : {101, 102}) {
+        for (int cfg : {101, 102, 103, 104}) {
             uint64_t seed = 7;
             for (int hd : {64, 128}) {
                 validate_shape(cfg, {2, 257, 8, 2, hd}, seed++);
