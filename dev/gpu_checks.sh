@@ -33,11 +33,12 @@ if [[ $stages == *tieout* ]]; then
 fi
 
 if [[ $stages == *bench* ]]; then
-    [ -x train_llama3cu_BF16 ] || { make -B -j16 train_llama3cu PRECISION=BF16 > /dev/null && cp train_llama3cu train_llama3cu_BF16; }
-    data="-i data/tinyshakespeare/tiny_shakespeare_train.bin -j data/tinyshakespeare/tiny_shakespeare_val.bin"
-    ./train_llama3cu_BF16 -c d12 $data -b 16 -t 1024 -x 20 -v 0 -l 3e-4 > "$OUT/bench_d12.log" 2>&1 || status=1
-    ./train_llama3cu_BF16 -c llama3.2-1B $data -b 8 -t 2048 -x 10 -v 0 -l 3e-4 > "$OUT/bench_1b.log" 2>&1 || status=1
-    for f in d12 1b; do echo "--- bench $f"; head -4 "$OUT/bench_$f.log"; tail -3 "$OUT/bench_$f.log"; done
+    make -B -j16 train_llama3cu PRECISION=BF16 > /dev/null || status=1
+    python3 scripts/bench_vs_pytorch.py --train data/tinyshakespeare/tiny_shakespeare_train.bin --out "$OUT" \
+        --extra "" --extra "-R 0" --extra "-W 0 -O bf16" --extra "-W 0 -O bf16 -R 0" > "$OUT/bench.log" 2>&1 || status=1
+    tail -10 "$OUT/bench.log"
+    python3 dev/cuda/attention_vs_pytorch.py --iters 20 > "$OUT/attention_vs_pytorch.log" 2>&1 || status=1
+    tail -8 "$OUT/attention_vs_pytorch.log"
 fi
 
 if [[ $stages == *pytest* ]]; then
