@@ -1630,6 +1630,7 @@ inline void attention_backward_tc(floatX* dqkv, float* delta_scratch, const floa
     }
 }
 #endif  // !ENABLE_FP32
+#include "attention_hopper.cuh"  // the Hopper (sm_90a, wgmma) forward for head_dim 128; uses the helpers above
 // ----------------------------------------------------------------------------------------------------------------
 // Public entry points: the tensor-core path where it applies (bf16, head_dim 64 or 128), the scalar path otherwise.
 
@@ -1637,6 +1638,7 @@ inline void attention_backward_tc(floatX* dqkv, float* delta_scratch, const floa
 inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int n_heads, int n_kv_heads,
                               int head_dim, cudaStream_t stream) {
 #if !defined(ENABLE_FP32)
+    if (attention_forward_hopper(out, lse, qkv, B, T, n_heads, n_kv_heads, head_dim, stream)) return;
     if (attention_tc_supported(head_dim)) {
         attention_forward_tc(out, lse, qkv, B, T, n_heads, n_kv_heads, head_dim, stream);
         return;

@@ -5,8 +5,8 @@
 //
 // The CPU reference accumulates in fp64 and materialises each score row (fine at the small T validated here).
 //
-// Versions (v1-v3 in llmc/attention.cuh, v4 in this file; causal TFLOP/s = 2 B H T^2 hd / time, H200, shapes of
-// the timing table):
+// Versions (v1-v3 in llmc/attention.cuh, v4 in llmc/attention_hopper.cuh; causal TFLOP/s = 2 B H T^2 hd / time,
+// H200, shapes of the timing table):
 //   v1: attention_forward_scalar: flash-style tiled CUDA-core fp32 kernel, online softmax (any precision, hd 1..128).
 //       Measured: 22-26 TFLOP/s on the three timing shapes.
 //   v2: the tensor-core kernel attention_forward_tc (FlashAttention-2 style, mma.sync m16n8k16 bf16, ldmatrix,
@@ -16,28 +16,31 @@
 //         (4, 2048, 32, 8, 64):  226 TFLOP/s
 //         (2, 4096, 32, 8, 128): 253 TFLOP/s
 //         (1, 8192, 32, 8, 128): 260 TFLOP/s
-//   v3: attention_forward (what the trainer runs): the same kernel with 32 queries per warp (MT 2: two m16 tiles,
-//       128 queries per CTA), so each K / V fragment loaded with ldmatrix feeds 4 mmas instead of 2; 64 keys per tile
-//       for hd 64 (Q in registers, 251 registers), 32 for hd 128 (Q re-read from smem; 255 registers, 24 bytes
-//       spilled). smem 54 / 68 KiB. Measured on an NVIDIA H200:
+//   v3: attention_forward_tc (what the trainer runs for hd 64, and for hd 128 off Hopper): the same kernel with 32
+//       queries per warp (MT 2: two m16 tiles, 128 queries per CTA), so each K / V fragment loaded with ldmatrix feeds
+//       4 mmas instead of 2; 64 keys per tile for hd 64 (Q in registers, 251 registers), 32 for hd 128 (Q re-read from
+//       smem; 255 registers, 24 bytes spilled). smem 54 / 68 KiB. Measured on an NVIDIA H200:
 //         (4, 2048, 32, 8, 64):  250 TFLOP/s
 //         (2, 4096, 32, 8, 128): 278 TFLOP/s
 //         (1, 8192, 32, 8, 128): 288 TFLOP/s
 //       Other tile configurations tried (./attention_forward sweep), same shapes: hd 64 MT 2 / 32 keys 217; hd 128
 //       MT 2 / 64 keys (176 bytes spilled) 266, 275; hd 64 MT 1 / 128 keys 208; hd 128 MT 1 / 32 keys 226, 232.
-//   v4: attention_forward_wgmma (this file, "Version 4"; bf16 build, sm_90a, hd 64 and 128, other head dims fall
-//       back to v3 / v1): Hopper wgmma. CTA = 128 queries = 2 consumer warpgroups of 64 rows sharing K / V tiles of
-//       128 keys in 128-byte-swizzled smem (cp.async, 3 stages); S = Q K^T as wgmma m64n128k16 with Q and K from
-//       smem descriptors, P V as wgmma m64nHDk16 with P from registers; online softmax on the accumulator fragment;
-//       the two warpgroups take turns issuing (named barriers), so one's softmax overlaps the other's matmuls.
-//       Registers 243 (hd 128), 166 (hd 64), no spills; smem 225 KiB (hd 128): one CTA per SM. NVIDIA H200:
-//         (4, 2048, 32, 8, 64):  251 TFLOP/s   (v3: 253)
+//   v4: attention_forward (what the trainer runs): attention_forward_hopper (llmc/attention_hopper.cuh; bf16 build,
+//       sm_90a, hd 128) with the fallback to v3 / v1 for other head dims and devices: Hopper wgmma. CTA = 128 queries =
+//       2 consumer warpgroups of 64 rows sharing K / V tiles of 128 keys in 128-byte-swizzled smem (cp.async, 3
+//       stages); S = Q K^T as wgmma m64n128k16 with Q and K from smem descriptors, P V as wgmma m64nHDk16 with P from
+//       registers; online softmax on the accumulator fragment; the two warpgroups take turns issuing (named barriers),
+//       so one's softmax overlaps the other's matmuls. Registers 243 (hd 128), 166 (hd 64), no spills; smem 225 KiB (hd
+//       128): one CTA per SM. NVIDIA H200:
+//         (4, 2048, 32, 8, 64):  251 TFLOP/s   (v3: 253; wgmma at hd 64 is now sweep 103: v4 runs v3 there)
 //         (2, 4096, 32, 8, 128): 417 TFLOP/s   (v3: 280; cuDNN via PyTorch SDPA: ~540)
 //         (1, 8192, 32, 8, 128): 443 TFLOP/s   (v3: 288; cuDNN: ~556)
 //       Steps measured (hd 64 / 4096 / 8192 shapes): plain (2 stages, __syncthreads twice a tile, each warpgroup
 //       S -> wait -> softmax -> P V -> wait): 245 / 382 / 403; + S and P V split into 2 halves of 64 keys (each
 //       half's softmax overlaps the other half's matmul): 247 / 389 / 411; ping-pong + 3 stages without the split:
-//       241 / 418 / 444 (hd 128's choice); with the split: 249 / 394 / 417 (hd 64's choice).
+//       241 / 418 / 444 (hd 128's choice); with the split: 249 / 394 / 417. For hd 64 the best wgmma variant (split +
+//       ping-pong, sweep 103) is no faster than v3, so llmc keeps v3 there; the sweep variants (103-106) call
+//       llmc's attention_forward_hopper_cfg with other template arguments (and hd 64).
 //       What limits it: the loads are issued by the consumer threads themselves (16 cp.async per thread per tile
 //       plus the address math, and a CTA-wide __syncthreads per tile), and a warpgroup's own S and P V never overlap
 //       its softmax; hd 64 has too little matmul per tile to hide the softmax at all. Next steps (FA3): a producer
@@ -50,6 +53,7 @@
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_forward.cu
 // Run:   ./attention_forward [version]     (no argument: every version; the fp32 build has only v1)
 //        ./attention_forward sweep         (bf16: other tile configurations and v4 variants, spot-validated and timed)
+// Version 4 needs a compute capability 9.0 GPU and the sm_90a build; elsewhere it runs v3's kernels (a note says so).
 #include "common.h"
 
 #include "../../llmc/attention.cuh"
@@ -94,424 +98,6 @@ static void attention_forward_cpu(std::vector<float>& out, std::vector<float>& l
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Version 4: Hopper wgmma forward (bf16 build, sm_90a, head_dim 64 or 128)
-//
-// Instruction: wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16, issued by a warpgroup (4 consecutive warps,
-// 128 threads): D (64 x N fp32, registers) += A (64 x 16) B (16 x N). B always comes from shared memory through a
-// 64-bit matrix descriptor; A from a descriptor (Q for S = Q K^T) or from registers (P for O = P V). The instruction
-// is asynchronous: wgmma.fence before a batch (accumulator / A registers were written by ordinary instructions),
-// wgmma.commit_group after it, wgmma.wait_group 0 before the results are read (or the A / B sources reused).
-//
-// Register fragments (PTX ISA, "Register Fragments and Shared Memory Matrix Layouts" for wgmma .m64nNk16): warp w of
-// the warpgroup owns rows 16 w .. 16 w + 15 of D and of a register A; with g = lane / 4, c = 2 (lane % 4):
-//   D: d[4 j + 0, 1] = D[16 w + g][8 j + c, +1]     d[4 j + 2, 3] = D[16 w + g + 8][8 j + c, +1]    (j < N / 8)
-//   A: a0 = A[g][c, c+1]  a1 = A[g+8][c, c+1]  a2 = A[g][c+8, c+9]  a3 = A[g+8][c+8, c+9]  (rows of the warp's slice)
-// i.e. per warp exactly the mma.sync m16n8k16 C and A fragments, so the online softmax (quad reductions) and the
-// accumulator -> A reuse of P are those of versions 2 / 3 (atc_acc_to_a).
-//
-// Shared-memory layout: the 128-byte swizzle that the descriptors' swizzle mode 1 reads. A tile of R rows x HD bf16
-// is stored as HD / 64 "column blocks" of R rows x 128 bytes (64 elements); in a block, the 16-byte chunk ch (< 8)
-// of row r sits at byte r * 128 + 16 (ch ^ (r % 8)), blocks 1024-byte aligned (the swizzle XORs address bits 4-6
-// with bits 7-9, so it is a function of the address; the 8-row, 1024-byte atoms must start on 1024-byte boundaries,
-// descriptor base offset 0). Conflict-free for the 16-byte cp.async writes (a row's 8 chunks hit 8 distinct chunk
-// slots) and for the tensor-core reads. Descriptor fields (PTX ISA "Matrix Descriptor Format"): bits 0-13 start
-// address >> 4, 16-29 leading byte offset (LBO) >> 4, 32-45 stride byte offset (SBO) >> 4, 62-63 swizzle (1: 128 B).
-//   * K-major operands (Q as A, K as B of S = Q K^T: rows m / n, the reduction index d contiguous): SBO = 1024 (from
-//     one 8-row group to the next), LBO unused (1). The k16 slice kk starts at column block kk / 4, byte 32 (kk % 4)
-//     of row 0: the descriptor start address advances by 32 bytes inside the atom, the hardware applies the swizzle.
-//   * MN-major operand (V as B of O = P V: B[key][d] with d, the N index, contiguous; "transpose B" = 1): SBO = 1024
-//     (from one 8-key group to the next), LBO = R * 128 (from one 64-wide column block of d to the next). The k16
-//     slice of keys kk starts at row 16 kk (byte 2048 kk).
-//
-// CTA = 128 queries x (head, batch) = 2 warpgroups of 64 query rows (256 threads), sharing the K / V tiles. Q (128 x
-// HD) is loaded once; K and V tiles of BN = 128 keys stream through a cp.async pipeline up to the causal diagonal
-// (tile j+1 loads while tile j is computed; after each tile lands: cp.async.wait_group, then fence.proxy.async so
-// the tensor cores (async proxy) see what cp.async (generic proxy) wrote, then __syncthreads). With 2 stages a second
-// __syncthreads ends each tile (the stage is refilled next); with 3 (the ping-pong variant, PP) it is not needed.
-// Per tile and warpgroup: S (64 x BN) = Q K^T as HD / 16 wgmma m64nBNk16 (A, B descriptors); wait; causal mask on
-// the diagonal tile; online softmax in the log2 domain on the fragment (as v3); P -> bf16 A registers; O (64 x HD
-// fp32, HD / 2 registers per thread) = alpha O + P V as BN / 16 wgmma m64nHDk16 (A registers, B descriptor); wait.
-// Epilogue: O / l staged as bf16 through the warpgroup's own (dead) rows of the Q tile (same swizzle: conflict-free
-// fragment writes), then 16-byte coalesced global stores; lse = (m + log2 l) ln 2.
-// Variants (template NH, PP; measured in the "Versions" list at the top): NH = 2 splits each key tile into two
-// halves with their own commit groups (S of the second half runs during the first half's softmax, P V of the first
-// during the second's); PP makes the warpgroups take turns issuing their wgmma batches (named barriers), so one
-// warpgroup's softmax runs while the other's matmuls do (FA3's "ping-pong", here without a producer warp).
-// smem (HD 128): Q 32 KiB + 3 stages x (K, V) 2 x 32 KiB = 224 KiB (+1 KiB for aligning to 1024): one CTA per SM;
-// registers: S 64 + O 64 + P 32 fp32/b32 per thread, bounded at 255 (256 threads, 1 CTA per SM).
-#if !defined(ENABLE_FP32)
-
-constexpr int HW_THREADS = 256;  // 2 warpgroups
-constexpr int HW_ROWS = 128;     // queries per CTA (64 per warpgroup)
-constexpr int HW_BN = 128;       // keys per K / V tile
-
-__device__ __forceinline__ void hw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void hw_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void hw_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Ties accumulator registers to this point of the program: the compiler may not move their reads or writes across
-// it (so nothing touches them between the asynchronous wgmma and its wait).
-template <int R>
-__device__ __forceinline__ void hw_fence_regs(float (&d)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-template <int R>
-__device__ __forceinline__ void hw_fence_regs(uint32_t (&a)[R][4]) {
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(a[i][e])::"memory");
-    }
-}
-// Named barriers (id 0 is __syncthreads): bar.sync waits for `count` threads to arrive (itself included);
-// bar.arrive arrives without waiting. Ids may differ per warp (a register), the count must not.
-template <int COUNT>
-__device__ __forceinline__ void hw_bar_sync(int id) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(COUNT) : "memory");
-}
-template <int COUNT>
-__device__ __forceinline__ void hw_bar_arrive(int id) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(COUNT) : "memory");
-}
-// Makes this thread's generic-proxy shared-memory writes (cp.async, st.shared) visible to the async proxy (wgmma).
-__device__ __forceinline__ void hw_fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// Matrix descriptor, 128-byte swizzle (see the section comment). addr: shared-window byte address.
-__device__ __forceinline__ uint64_t hw_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo & 0x3FFFF) >> 4) << 16 |
-           (uint64_t)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62;
-}
-
-// Byte offset of 16-byte chunk ch (< HD / 8) of row r in a swizzled tile of R rows.
-template <int R>
-__device__ __forceinline__ uint32_t hw_swz(int r, int ch) {
-    return (uint32_t)((ch / 8) * R * 128 + r * 128 + 16 * ((ch % 8) ^ (r % 8)));
-}
-
-// cp.async loads of rows [r0, r0 + R) of one head into a swizzled tile at shared address dst; rows >= T zero-filled
-// (source clamped to row 0, nothing read). src: row 0, column 0 of the head; rows row_stride elements apart.
-template <int HD, int R>
-__device__ __forceinline__ void hw_load_tile(uint32_t dst, const __nv_bfloat16* src, size_t row_stride, int r0, int T) {
-    constexpr int CHUNKS = HD / 8;
-    static_assert((R * CHUNKS) % HW_THREADS == 0, "tile must split evenly over the CTA");
-#pragma unroll
-    for (int i = 0; i < R * CHUNKS / HW_THREADS; i++) {
-        const int idx = i * HW_THREADS + threadIdx.x, r = idx / CHUNKS, ch = idx % CHUNKS;  // coalesced
-        const bool valid = r0 + r < T;
-        atc_cp_async16(dst + hw_swz<R>(r, ch), src + (size_t)(valid ? r0 + r : 0) * row_stride + 8 * ch,
-                       valid ? 16 : 0);
-    }
-}
-
-// wgmma wrappers. scale_d = 0: D = A B (the accumulator's old contents ignored); 1: D += A B.
-// hw_wgmma_ss: A (K-major) and B (K-major) from descriptors. hw_wgmma_rs: A from registers, B MN-major (transposed).
-__device__ __forceinline__ void hw_wgmma_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-__device__ __forceinline__ void hw_wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-__device__ __forceinline__ void hw_wgmma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-__device__ __forceinline__ void hw_wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-
-// Online-softmax update for one part of a score tile (NS fragment values per thread, rows row0 (r = 0: elements
-// 4 jn + 0, 1) and row0 + 8 (r = 1: 4 jn + 2, 3)): raises the running max m (log2 domain, scaled), overwrites s with
-// exp2(s scale_log2 - m), adds this lane's share of the row sums to l, and returns the factor alpha that rescales
-// what was accumulated under the old max. As v3; masked entries (-inf) give exp2(-inf) = 0.
-template <int NS>
-__device__ __forceinline__ void hw_softmax_update(float (&s)[NS], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                                  float scale_log2) {
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int jn = 0; jn < NS / 4; jn++) mx = fmaxf(mx, fmaxf(s[4 * jn + 2 * r], s[4 * jn + 2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));  // the 4 lanes of a quad share the row
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-        const float m_new = fmaxf(m[r], mx * scale_log2);
-        const float base = m_new == -INFINITY ? 0.0f : m_new;  // no (-inf) - (-inf) for a fully masked row
-        alpha[r] = exp2f(m[r] - base);
-        m[r] = m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int jn = 0; jn < NS / 4; jn++) {
-#pragma unroll
-            for (int e = 2 * r; e < 2 * r + 2; e++) {
-                s[4 * jn + e] = exp2f(fmaf(s[4 * jn + e], scale_log2, -base));
-                sum += s[4 * jn + e];
-            }
-        }
-        l[r] = l[r] * alpha[r] + sum;
-    }
-}
-
-template <int HD, bool PP>
-constexpr size_t attention_forward_wgmma_smem_bytes() {
-    constexpr int STAGES = PP ? 3 : 2;
-    return sizeof(__nv_bfloat16) * HD * (HW_ROWS + 2 * STAGES * HW_BN) + 1024;  // + 1024: room to align the base
-}
-
-// grid (B * H, ceil(T / 128)), block 256 (2 warpgroups). NH: parts per key tile (1, or 2 to overlap S of the second
-// half with the softmax of the first, and P V of the first with the softmax of the second). PP ("ping-pong"): the
-// two warpgroups take turns issuing their wgmma batches (named barriers 1 and 2: "warpgroup w may issue"), so one
-// warpgroup's softmax runs while the other's matmuls do; with 3 K / V stages, one __syncthreads per tile (tile
-// landed) suffices, so the warpgroups may drift apart by part of a tile instead of running in lockstep.
-template <int HD, int NH, bool PP>
-__global__ void __launch_bounds__(HW_THREADS, 1)
-    attention_forward_wgmma_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int T, int H, int KV,
-                                   float scale_log2) {
-    constexpr int BN = HW_BN, QBYTES = HW_ROWS * HD * 2, TBYTES = BN * HD * 2;  // tile sizes in bytes
-    constexpr int KP = BN / NH;                                                 // keys per part
-    static_assert(NH == 1 || NH == 2, "1 or 2 parts per key tile");
-    constexpr int STAGES = PP ? 3 : 2;
-    extern __shared__ uint8_t hw_smem_raw[];
-    // Swizzle atoms must start on 1024-byte boundaries (descriptor base offset 0): align the shared address.
-    const uint32_t smem = (atc_smem_u32(hw_smem_raw) + 1023u) & ~1023u;
-    const uint32_t q_sm = smem;                  // Q (128 x HD), swizzled
-    const uint32_t k_sm = q_sm + QBYTES;         // STAGES x K (BN x HD)
-    const uint32_t v_sm = k_sm + STAGES * TBYTES;  // STAGES x V (BN x HD)
-    uint8_t* smem_ptr = hw_smem_raw + (smem - atc_smem_u32(hw_smem_raw));  // generic pointer to the aligned base
-
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int g = lane / 4, c = 2 * (lane % 4);
-    const int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV);
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * HW_ROWS;  // the longest (last) query tiles are scheduled first
-    const int qwg = q0 + 64 * wg;                            // the warpgroup's first query
-    const int row0 = qwg + 16 * warp + g;                    // this thread's rows: row0 and row0 + 8
-    const size_t stride = (size_t)(H + 2 * KV) * HD;
-    const __nv_bfloat16* q_src = qkv + (size_t)b * T * stride + (size_t)h * HD;
-    const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
-    const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
-
-    const int n_tiles = ceil_div(min(q0 + HW_ROWS, T), BN);  // causal: keys up to the CTA's last query
-    hw_load_tile<HD, HW_ROWS>(q_sm, q_src, stride, q0, T);
-    hw_load_tile<HD, BN>(k_sm, k_src, stride, 0, T);
-    hw_load_tile<HD, BN>(v_sm, v_src, stride, 0, T);
-    atc_cp_async_commit();
-
-    float o[HD / 2];             // O accumulator fragment (64 x HD per warpgroup)
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows row0, row0 + 8: running max (log2), lane sums
-#pragma unroll
-    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
-    if (PP && wg == 1) hw_bar_arrive<256>(1);  // warpgroup 0 issues first
-
-    for (int j = 0; j < n_tiles; j++) {
-        const int stage = j % STAGES, next = (j + 1) % STAGES;
-        if (j + 1 < n_tiles) {  // prefetch tile j+1 into the stage of tile j+1-STAGES (last read before the
-                                // __syncthreads ending iteration j-1)
-            hw_load_tile<HD, BN>(k_sm + next * TBYTES, k_src, stride, (j + 1) * BN, T);
-            hw_load_tile<HD, BN>(v_sm + next * TBYTES, v_src, stride, (j + 1) * BN, T);
-            atc_cp_async_commit();
-            atc_cp_async_wait<1>();  // tile j (and Q) landed; tile j+1 may still be in flight
-        } else {
-            atc_cp_async_wait<0>();
-        }
-        hw_fence_proxy_async();  // this thread's cp.async writes -> visible to wgmma (async proxy)
-        __syncthreads();         // ... and everyone's
-
-        const int k0 = j * BN;
-        // Warpgroup-uniform: some key of the tile is visible to some query of the warpgroup (with BN = 128 always
-        // true; PP never skips, as the turn-taking needs both warpgroups to issue the same number of batches).
-        if (PP || k0 <= qwg + 63) {
-            const uint32_t k_st = k_sm + stage * TBYTES, v_st = v_sm + stage * TBYTES;
-            // S = Q K^T, in NH parts of KP keys (each its own commit group). The k16 slice kk of d is column block
-            // kk / 4, bytes 32 (kk % 4) of each row; key part hh starts at row KP hh of K (byte 128 KP hh).
-            float s[NH][KP / 2];
-            if constexpr (PP) hw_bar_sync<256>(1 + wg);  // my turn to issue
-            hw_fence();
-#pragma unroll
-            for (int hh = 0; hh < NH; hh++) {
-#pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++) {
-                    const uint32_t off = 32 * (kk % 4);
-                    const uint64_t da = hw_desc(q_sm + (kk / 4) * (HW_ROWS * 128) + 64 * wg * 128 + off, 16, 1024);
-                    const uint64_t db = hw_desc(k_st + (kk / 4) * (BN * 128) + KP * hh * 128 + off, 16, 1024);
-                    hw_wgmma_ss(s[hh], da, db, kk > 0);
-                }
-                hw_commit();
-            }
-            if constexpr (PP) hw_bar_arrive<256>(2 - wg);  // the other warpgroup's turn
-            uint32_t p[NH][KP / 16][4];  // P of each key part as bf16 A registers, live until its P V wgmma is done
-#pragma unroll
-            for (int hh = 0; hh < NH; hh++) {
-                // Groups complete in order. Part 0: S_0 done, S_1 may run on. Part 1: S_1 done, P_0 V may run on.
-                if (hh + 1 < NH || NH == 2) hw_wait<1>();
-                else hw_wait<0>();
-                hw_fence_regs(s[hh]);
-                const int kp0 = k0 + KP * hh;  // the part's first key
-                if (kp0 + KP - 1 > qwg) {      // diagonal: some key is after some query of the warpgroup
-#pragma unroll
-                    for (int i = 0; i < KP / 2; i++) {
-                        const int key = kp0 + 8 * (i / 4) + c + (i % 2), q = row0 + 8 * ((i / 2) % 2);
-                        if (key > q) s[hh][i] = -INFINITY;
-                    }
-                }
-                float alpha[2];
-                hw_softmax_update(s[hh], m, l, alpha, scale_log2);
-#pragma unroll
-                for (int kk = 0; kk < KP / 16; kk++) {  // n8 groups 2 kk, 2 kk + 1 = keys 16 kk .. 16 kk + 15
-                    p[hh][kk][0] = atc_pack_bf16(s[hh][8 * kk + 0], s[hh][8 * kk + 1]);
-                    p[hh][kk][1] = atc_pack_bf16(s[hh][8 * kk + 2], s[hh][8 * kk + 3]);
-                    p[hh][kk][2] = atc_pack_bf16(s[hh][8 * kk + 4], s[hh][8 * kk + 5]);
-                    p[hh][kk][3] = atc_pack_bf16(s[hh][8 * kk + 6], s[hh][8 * kk + 7]);
-                }
-                if (hh > 0) {  // the previous part's P V must be done before O is rescaled
-                    hw_wait<0>();
-                    hw_fence_regs(o);
-                }
-#pragma unroll
-                for (int jn = 0; jn < HD / 8; jn++) {
-                    o[4 * jn + 0] *= alpha[0];
-                    o[4 * jn + 1] *= alpha[0];
-                    o[4 * jn + 2] *= alpha[1];
-                    o[4 * jn + 3] *= alpha[1];
-                }
-                // O += P V: the V k16 slice kk of part hh is rows KP hh + 16 kk (byte 128 (KP hh + 16 kk)), MN-major.
-                hw_fence_regs(p[hh]);  // P and the rescaled O are written before the wgmma.fence
-                hw_fence_regs(o);
-                if constexpr (PP) hw_bar_sync<256>(1 + wg);
-                hw_fence();
-#pragma unroll
-                for (int kk = 0; kk < KP / 16; kk++) {
-                    hw_wgmma_rs(o, p[hh][kk], hw_desc(v_st + 128 * (KP * hh + 16 * kk), BN * 128, 1024), 1);
-                }
-                hw_commit();
-                if constexpr (PP) hw_bar_arrive<256>(2 - wg);
-            }
-            hw_wait<0>();
-            hw_fence_regs(o);
-        }
-        // 2 stages: both warpgroups done with this stage before the next iteration's prefetch overwrites it. 3
-        // stages (PP): the prefetch at iteration j+1 overwrites tile j-1, which both warpgroups finished before the
-        // __syncthreads at the top of iteration j.
-        if (!PP) __syncthreads();
-    }
-    if (PP && wg == 0) hw_bar_sync<256>(1);  // consume warpgroup 1's last pass, so no arrival is left pending
-
-    // Epilogue. lse, then O / l as bf16 into the warpgroup's own rows of the (dead) Q tile, then coalesced stores.
-    float inv_l[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float sum = l[r];
-        sum += __shfl_xor_sync(0xffffffff, sum, 1);
-        sum += __shfl_xor_sync(0xffffffff, sum, 2);
-        inv_l[r] = 1.0f / sum;
-        const int q = row0 + 8 * r;
-        if (lane % 4 == 0 && q < T) lse[(size_t)blockIdx.x * T + q] = (m[r] + log2f(sum)) * ATTN_LN2;
-    }
-    const int lr = 64 * wg + 16 * warp + g;  // the thread's first row inside the Q tile
-#pragma unroll
-    for (int jn = 0; jn < HD / 8; jn++) {
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            *reinterpret_cast<uint32_t*>(smem_ptr + hw_swz<HW_ROWS>(lr + 8 * r, jn) + 2 * c) =
-                atc_pack_bf16(o[4 * jn + 2 * r] * inv_l[r], o[4 * jn + 2 * r + 1] * inv_l[r]);
-        }
-    }
-    __syncthreads();
-    const size_t out_stride = (size_t)H * HD;
-    __nv_bfloat16* dst = out + (size_t)b * T * out_stride + (size_t)h * HD;
-    constexpr int CHUNKS = HD / 8;
-#pragma unroll
-    for (int i = 0; i < HW_ROWS * CHUNKS / HW_THREADS; i++) {
-        const int idx = i * HW_THREADS + threadIdx.x, r = idx / CHUNKS, ch = idx % CHUNKS;
-        if (q0 + r < T) {
-            *reinterpret_cast<int4*>(dst + (size_t)(q0 + r) * out_stride + 8 * ch) =
-                *reinterpret_cast<const int4*>(smem_ptr + hw_swz<HW_ROWS>(r, ch));
-        }
-    }
-}
-
-template <int HD, int NH, bool PP>
-static void attention_forward_wgmma_hd(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV) {
-    static bool smem_set = false;
-    const size_t smem = attention_forward_wgmma_smem_bytes<HD, PP>();
-    attention_set_smem(attention_forward_wgmma_kernel<HD, NH, PP>, smem, smem_set);
-    const float scale_log2 = ATTN_LOG2E / sqrtf((float)HD);
-    dim3 grid(B * H, ceil_div(T, HW_ROWS));
-    attention_forward_wgmma_kernel<HD, NH, PP><<<grid, HW_THREADS, smem>>>(out, lse, qkv, T, H, KV, scale_log2);
-    cudaCheckLaunch();
-}
-
-// Version 4 entry: hd 64 / 128 on the wgmma kernel; other head dims fall back to attention_forward (v3 / scalar).
-// Defaults: the best measured (H200) per head dim: hd 64 key split + ping-pong, hd 128 ping-pong without the split.
-template <int NH64 = 2, bool PP64 = true, int NH128 = 1, bool PP128 = true>
-static void attention_forward_wgmma(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
-    attention_check_args("attention_forward_wgmma", B, T, H, KV, hd);
-    attention_tc_check_aligned("attention_forward_wgmma", out);
-    attention_tc_check_aligned("attention_forward_wgmma", qkv);
-    if (hd == 128) return attention_forward_wgmma_hd<128, NH128, PP128>(out, lse, qkv, B, T, H, KV);
-    if (hd == 64) return attention_forward_wgmma_hd<64, NH64, PP64>(out, lse, qkv, B, T, H, KV);
-    attention_forward(out, lse, qkv, B, T, H, KV, hd, 0);
-}
-#endif  // !ENABLE_FP32
-
-// ---------------------------------------------------------------------------------------------------------------
 // GPU versions
 
 // Tensor-core tile configurations as version entries: <MT, BN> for hd 64 and for hd 128; other head dims take the
@@ -525,21 +111,41 @@ static void forward_tc_config(floatX* out, float* lse, const floatX* qkv, int B,
     attention_forward_scalar(out, lse, qkv, B, T, H, KV, hd, 0);
 }
 
+// v4 variants as sweep entries: <NH, PP> for hd 64 and for hd 128 (llmc's kernel with other template arguments);
+// other head dims, devices without sm_90a code, or misaligned tensors fall back as attention_forward does.
+template <int NH64, bool PP64, int NH128, bool PP128>
+static void forward_hopper_config(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
+#if !defined(ENABLE_FP32)
+    const bool aligned = reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(qkv) % 16 == 0;
+    if ((hd == 64 || hd == 128) && aligned && attention_hopper_usable()) {
+        attention_check_args("forward_hopper_config", B, T, H, KV, hd);
+        if (hd == 64) return attention_forward_hopper_cfg<64, NH64, PP64>(out, lse, qkv, B, T, H, KV, 0);
+        return attention_forward_hopper_cfg<128, NH128, PP128>(out, lse, qkv, B, T, H, KV, 0);
+    }
+#endif
+    attention_forward(out, lse, qkv, B, T, H, KV, hd, 0);
+}
+
 static void attention_forward_gpu(int version, floatX* out, float* lse, const floatX* qkv, int B, int T, int H,
                                   int KV, int hd) {
     switch (version) {
         case 1: attention_forward_scalar(out, lse, qkv, B, T, H, KV, hd, 0); break;
 #if !defined(ENABLE_FP32)
         case 2: forward_tc_config<1, 64, 1, 64>(out, lse, qkv, B, T, H, KV, hd); break;  // 16 queries per warp
-        case 3: attention_forward(out, lse, qkv, B, T, H, KV, hd, 0); break;
-        case 4: attention_forward_wgmma(out, lse, qkv, B, T, H, KV, hd); break;
+        case 3:  // attention_forward_tc's choices
+            forward_tc_config<ATC_FWD_MT_64, ATC_FWD_BN_64, ATC_FWD_MT_128, ATC_FWD_BN_128>(out, lse, qkv, B, T, H, KV,
+                                                                                            hd);
+            break;
+        case 4: attention_forward(out, lse, qkv, B, T, H, KV, hd, 0); break;  // Hopper hd 128, else as v3
         // Tuning candidates (./attention_forward sweep): not versions of their own.
         case 101: forward_tc_config<2, 32, 2, 64>(out, lse, qkv, B, T, H, KV, hd); break;
         case 102: forward_tc_config<1, 128, 1, 32>(out, lse, qkv, B, T, H, KV, hd); break;
-        // v4 variants <NH, PP for hd 64; NH, PP for hd 128>: no split, no ping-pong; split only; the other split.
-        case 104: attention_forward_wgmma<1, false, 1, false>(out, lse, qkv, B, T, H, KV, hd); break;
-        case 105: attention_forward_wgmma<2, false, 2, false>(out, lse, qkv, B, T, H, KV, hd); break;
-        case 106: attention_forward_wgmma<1, true, 2, true>(out, lse, qkv, B, T, H, KV, hd); break;
+        // v4 variants <NH, PP for hd 64; NH, PP for hd 128>: v4 with wgmma also for hd 64 (split + ping-pong, the
+        // best there); no split, no ping-pong; split only; the other split.
+        case 103: forward_hopper_config<2, true, 1, true>(out, lse, qkv, B, T, H, KV, hd); break;
+        case 104: forward_hopper_config<1, false, 1, false>(out, lse, qkv, B, T, H, KV, hd); break;
+        case 105: forward_hopper_config<2, false, 2, false>(out, lse, qkv, B, T, H, KV, hd); break;
+        case 106: forward_hopper_config<1, true, 2, true>(out, lse, qkv, B, T, H, KV, hd); break;
 #endif
         default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
     }
@@ -604,7 +210,7 @@ int main(int argc, char** argv) {
     require_gpu(argv[0]);  // clear message and exit 1 without a GPU
     std::vector<int> versions(std::begin(VERSIONS), std::end(VERSIONS));
     if (argc > 1 && strcmp(argv[1], "sweep") == 0) {  // tile configurations: spot validation, then timing
-        for (int cfg : {101, 102, 104, 105, 106}) {
+        for (int cfg : {101, 102, 103, 104, 105, 106}) {
             uint64_t seed = 7;
             for (int hd : {64, 128}) {
                 validate_shape(cfg, {2, 257, 8, 2, hd}, seed++);
@@ -629,6 +235,11 @@ int main(int argc, char** argv) {
 
     for (int version : versions) {
         printf("attention_forward version %d (%s): validation\n", version, PRECISION_NAME);
+#if !defined(ENABLE_FP32)
+        if (version == 4 && !attention_hopper_usable()) {
+            printf("  note: no sm_90 device or no sm_90a code in this build: v4 runs v3's kernels\n");
+        }
+#endif
         // T not a multiple of the tiles (64 queries; 32 or 64 keys), group sizes 1, 4, 8, head dims 16, 64, 128.
         uint64_t seed = 42;
         for (int T : {13, 100, 257}) {

@@ -3,7 +3,7 @@
 // kernels order with PyTorch's own work and CUDA events time them like any PyTorch op:
 //   qkv, dqkv (B, T, (H + 2 KV) hd)   out, dout (B, T, H hd)   lse, delta (B, H, T) fp32
 // The functions are the trainer's entry points (attention_forward / attention_backward: the tensor-core path for
-// bf16 and hd 64 / 128), plus the scalar path for comparison.
+// bf16 and hd 64 / 128, the forward on Hopper's wgmma for hd 128 on sm_90a), plus the scalar path for comparison.
 //
 // The script builds the library itself:
 //   nvcc -O3 -std=c++17 --use_fast_math -shared -Xcompiler -fPIC -DATTENTION_LIB_NO_MAIN
