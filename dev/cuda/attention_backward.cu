@@ -51,6 +51,14 @@
 //       the exponentials at the same time and the tensor units idle (v3's two CTAs per SM drift apart); the skew
 //       alone gives +12%. With the skew at hd 64: 144 (the mma phases are too short to cover the other warp's
 //       exponentials), so hd 64 stays on the 4-warp kernel. 32 queries per tile (no skew): 138, 187, 193.
+//       Tried after v4 and not kept (the code is not in the tree): the same skew in the dQ kernel, as an 8-warp dQ
+//       kernel (one CTA of 256 queries per SM instead of two of 128; warps 4-7 half a key tile behind warps 0-3;
+//       MT 2; K/V in 3 stages; 253 / 252 registers, no spill). NVIDIA H200, same session as v4 at 168.0 / 210.4 /
+//       218.4: skewed 160.9 / 205.7 / 215.4; in lockstep 162.9 / 206.9 / 214.7; skewed with 32 keys per tile at
+//       hd 64: 159.4 / 207.4 / 216.7 TFLOP/s. Fwd+bwd, dQ 4 -> 8 warps: 192.5 -> 188.4, 263.7 -> 260.9,
+//       271.6 -> 273.2 (noise). The skew buys nothing here: the dQ kernel's two CTAs per SM already drift apart
+//       (the dK/dV gain came from replacing one lockstep CTA per SM), and the larger query tile wastes more work
+//       at the diagonal.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
