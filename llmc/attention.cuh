@@ -14,6 +14,7 @@
 //   dq_i = scale sum_j dS_ij k_j    dk_j = scale sum_i dS_ij q_i    dv_j = sum_i P_ij do_i
 // For a kv head, dk and dv also sum over the H / KV query heads that share it.
 //
+// The scalar path (fp32 builds, and head dims other than 64 / 128):
 // Forward: one block per (b, h, tile of 64 queries). Key/value tiles of 32 rows stream through shared memory; the
 // softmax is online (running row max m and row sum l, rescaling the output accumulator when m grows). Exponentials are
 // taken in base 2 on scores pre-multiplied by scale * log2(e), which is exact algebra and one multiply cheaper.
@@ -24,7 +25,7 @@
 //                 over query tiles of 32 from the diagonal on; the group sum happens in registers.
 // D is computed first by a small kernel into delta_scratch (B, H, T).
 //
-// Inner loops are CUDA-core fp32 micro-GEMMs (the tensor-core version is a later step). A block is 256 threads seen
+// Inner loops are CUDA-core fp32 micro-GEMMs. A block is 256 threads seen
 // as a 16 x 16 grid (ty, tx). For the block's 64 "fixed" rows (queries, or keys in dk/dv) and the 32 streamed rows,
 // thread (ty, tx) owns score entries [4 ty + i][2 tx + j] (i < 4, j < 2), and accumulator entries
 // [4 ty + i][4 tx + 64 c + e] (e < 4, c < HDP / 64) of a (64, HDP) output tile. Operands live in shared memory as fp32
@@ -36,11 +37,12 @@
 // for d >= hd, which adds nothing to the dot products, and columns d >= hd are never stored.
 // Ragged T: rows t >= T are zero-filled on load, masked (key j > query i, or i >= T), and never stored.
 //
-// Two implementations, chosen by the host launchers attention_forward / attention_backward at the end of the file:
-//   * the scalar CUDA-core kernels above (section "Scalar path"): fp32 builds and head dims other than 64 / 128;
+// Three implementations, chosen by the host launchers attention_forward / attention_backward at the end of the file:
+//   * the scalar CUDA-core kernels (section "Scalar path"): fp32 builds and head dims other than 64 / 128;
 //   * the tensor-core kernels (section "Tensor-core path", FlashAttention-2 style, mma.sync m16n8k16 bf16 with fp32
-//     accumulation): bf16 builds with head_dim 64 or 128. Their design is described at the top of that section.
-// Both compute the same math above and write the same outputs; attention_forward_scalar / _tc and
+//     accumulation): bf16 builds with head_dim 64 or 128. Their design is described at the top of that section;
+//   * for the forward at head_dim 128 on Hopper (sm_90a), the wgmma kernel of attention_hopper.cuh, tried first.
+// All compute the same math above and write the same outputs; attention_forward_scalar / _tc and
 // attention_backward_scalar / _tc are also callable directly (dev/cuda benchmarks compare them).
 #pragma once
 
@@ -1632,7 +1634,8 @@ inline void attention_backward_tc(floatX* dqkv, float* delta_scratch, const floa
 #endif  // !ENABLE_FP32
 #include "attention_hopper.cuh"  // the Hopper (sm_90a, wgmma) forward for head_dim 128; uses the helpers above
 // ----------------------------------------------------------------------------------------------------------------
-// Public entry points: the tensor-core path where it applies (bf16, head_dim 64 or 128), the scalar path otherwise.
+// Public entry points: the Hopper wgmma forward where it applies (bf16, head_dim 128, sm_90a), then the tensor-core
+// path (bf16, head_dim 64 or 128), the scalar path otherwise.
 
 // out (B, T, H hd) and lse (B, H, T) fp32, both OVERWRITTEN, from qkv (B, T, (H + 2 KV) hd).
 inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int n_heads, int n_kv_heads,
