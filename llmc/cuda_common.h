@@ -50,6 +50,34 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
     return __float2bfloat16_rn(x);
 }
 
+// floatX elements in one 16-byte access, the widest single load or store.
+constexpr int VEC16 = 16 / sizeof(floatX);
+
+// Loads VEC consecutive floatX as fp32, in one 16-byte access when VEC == VEC16 (src must then be 16-byte aligned).
+template <int VEC>
+__device__ __forceinline__ void load_as_float(float* dst, const floatX* src) {
+    if constexpr (VEC == 1) {
+        dst[0] = to_float(src[0]);
+    } else {
+        int4 raw = *reinterpret_cast<const int4*>(src);
+        const floatX* x = reinterpret_cast<const floatX*>(&raw);
+        for (int j = 0; j < VEC; j++) dst[j] = to_float(x[j]);
+    }
+}
+
+// Rounds VEC fp32 values to floatX and stores them, in one 16-byte access when VEC == VEC16.
+template <int VEC>
+__device__ __forceinline__ void store_from_float(floatX* dst, const float* src) {
+    if constexpr (VEC == 1) {
+        dst[0] = from_float<floatX>(src[0]);
+    } else {
+        int4 raw;
+        floatX* x = reinterpret_cast<floatX*>(&raw);
+        for (int j = 0; j < VEC; j++) x[j] = from_float<floatX>(src[j]);
+        *reinterpret_cast<int4*>(dst) = raw;
+    }
+}
+
 // Sum over the 32 lanes of a warp; every lane gets the result.
 __device__ __forceinline__ float warp_reduce_sum(float v) {
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);

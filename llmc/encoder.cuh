@@ -19,13 +19,12 @@
 
 #include "cuda_common.h"
 
-constexpr int ENCODER_VEC = 16 / sizeof(floatX);  // elements in one 16-byte access
 
 inline bool encoder_aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
 
 // ------------------------------------------------------------------------------------------------ forward
 
-// One thread per VEC elements of the output. VEC is ENCODER_VEC (16-byte path) or 1 (scalar path).
+// One thread per VEC elements of the output. VEC is VEC16 (16-byte path) or 1 (scalar path).
 template <int VEC>
 __global__ void encoder_forward_kernel(floatX* out, const int* tokens, const floatX* embedding, int N, int C) {
     size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
@@ -43,10 +42,10 @@ inline void encoder_forward(floatX* out, const int* tokens, const floatX* embedd
                             cudaStream_t stream) {
     if (N <= 0 || C <= 0) return;
     const int block = 256;
-    bool vec = C % ENCODER_VEC == 0 && encoder_aligned16(out) && encoder_aligned16(embedding);
+    bool vec = C % VEC16 == 0 && encoder_aligned16(out) && encoder_aligned16(embedding);
     if (vec) {
-        size_t threads = (size_t)N * C / ENCODER_VEC;
-        encoder_forward_kernel<ENCODER_VEC><<<(unsigned)ceil_div<size_t>(threads, block), block, 0, stream>>>(
+        size_t threads = (size_t)N * C / VEC16;
+        encoder_forward_kernel<VEC16><<<(unsigned)ceil_div<size_t>(threads, block), block, 0, stream>>>(
             out, tokens, embedding, N, C);
     } else {
         size_t threads = (size_t)N * C;
@@ -211,11 +210,11 @@ inline void encoder_backward(floatX* d_embedding, const floatX* dout, const Embe
                              cudaStream_t stream) {
     if (plan.num_segments == 0 || C <= 0) return;
     const int block = 128;
-    bool vec = C % ENCODER_VEC == 0 && encoder_aligned16(d_embedding) && encoder_aligned16(dout);
-    int per_thread = vec ? ENCODER_VEC : 1;
+    bool vec = C % VEC16 == 0 && encoder_aligned16(d_embedding) && encoder_aligned16(dout);
+    int per_thread = vec ? VEC16 : 1;
     dim3 grid(plan.num_segments, ceil_div(C, block * per_thread));
     if (vec) {
-        encoder_backward_kernel<ENCODER_VEC><<<grid, block, 0, stream>>>(d_embedding, dout, plan.sorted_pos(),
+        encoder_backward_kernel<VEC16><<<grid, block, 0, stream>>>(d_embedding, dout, plan.sorted_pos(),
                                                                          plan.seg_token(), plan.seg_start(), C);
     } else {
         encoder_backward_kernel<1><<<grid, block, 0, stream>>>(d_embedding, dout, plan.sorted_pos(), plan.seg_token(),

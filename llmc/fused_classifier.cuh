@@ -19,7 +19,6 @@
 
 #include "cuda_common.h"
 
-constexpr int CLASSIFIER_VEC = 16 / sizeof(floatX);
 constexpr int CLASSIFIER_BLOCK = 1024;
 
 // Folds (m2, s2) into (m, s): both are (max, sum of exp(x - max)) over disjoint sets. Starting values
@@ -46,8 +45,8 @@ struct ClassifierRowSplit {
         int misalign = (int)((uintptr_t)row & 15);
         head = misalign == 0 ? 0 : (16 - misalign) / (int)sizeof(floatX);
         if (head > V) head = V;
-        n_vec = (V - head) / CLASSIFIER_VEC;
-        tail = head + n_vec * CLASSIFIER_VEC;
+        n_vec = (V - head) / VEC16;
+        tail = head + n_vec * VEC16;
     }
     // k-th scalar element's index in the row
     __device__ int scalar_index(int k) const { return k < head ? k : tail + (k - head); }
@@ -74,7 +73,7 @@ __global__ void __launch_bounds__(CLASSIFIER_BLOCK)
     for (int k = threadIdx.x; k < split.n_vec; k += blockDim.x) {
         int4 raw = body[k];
         const floatX* v = reinterpret_cast<const floatX*>(&raw);
-        for (int j = 0; j < CLASSIFIER_VEC; j++) classifier_online(m, s, to_float(v[j]));
+        for (int j = 0; j < VEC16; j++) classifier_online(m, s, to_float(v[j]));
     }
     // merge: warp by shuffles, then the warps' results through shared memory (fixed tree: deterministic)
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -109,8 +108,8 @@ __global__ void __launch_bounds__(CLASSIFIER_BLOCK)
     for (int k = threadIdx.x; k < split.n_vec; k += blockDim.x) {
         int4 raw = body_out[k];
         floatX* v = reinterpret_cast<floatX*>(&raw);
-        int i0 = split.head + k * CLASSIFIER_VEC;
-        for (int j = 0; j < CLASSIFIER_VEC; j++) {
+        int i0 = split.head + k * VEC16;
+        for (int j = 0; j < VEC16; j++) {
             float p = expf(to_float(v[j]) - m) * inv_s;
             v[j] = from_float<floatX>((p - (i0 + j == target ? 1.0f : 0.0f)) * scale);
         }

@@ -24,7 +24,6 @@
 constexpr int GLOBAL_NORM_BLOCKS = 1024;
 constexpr int GLOBAL_NORM_THREADS = 256;
 constexpr int GLOBAL_NORM_FINISH_THREADS = 1024;
-constexpr int GLOBAL_NORM_VEC = 16 / sizeof(floatX);
 
 inline size_t global_norm_scratch_floats(int n_slots = 1) { return (size_t)n_slots * GLOBAL_NORM_BLOCKS; }
 
@@ -38,9 +37,9 @@ __global__ void __launch_bounds__(GLOBAL_NORM_THREADS)
     int misalign = (int)((uintptr_t)values & 15);
     size_t head = misalign == 0 ? 0 : (size_t)((16 - misalign) / (int)sizeof(floatX));
     if (head > count) head = count;
-    size_t n_vec = (count - head) / GLOBAL_NORM_VEC;
-    size_t tail = head + n_vec * GLOBAL_NORM_VEC;
-    size_t n_scalar = head + (count - tail);  // < 2 * GLOBAL_NORM_VEC, far fewer than the threads
+    size_t n_vec = (count - head) / VEC16;
+    size_t tail = head + n_vec * VEC16;
+    size_t n_scalar = head + (count - tail);  // < 2 * VEC16, far fewer than the threads
 
     float acc = 0.0f;
     if (tid < n_scalar) {
@@ -51,7 +50,7 @@ __global__ void __launch_bounds__(GLOBAL_NORM_THREADS)
     for (size_t k = tid; k < n_vec; k += stride) {
         int4 raw = body[k];
         const floatX* x = reinterpret_cast<const floatX*>(&raw);
-        for (int j = 0; j < GLOBAL_NORM_VEC; j++) {
+        for (int j = 0; j < VEC16; j++) {
             float f = to_float(x[j]);
             acc += f * f;
         }

@@ -18,37 +18,12 @@
 
 #include "cuda_common.h"
 
-constexpr int RMSNORM_VEC = 16 / sizeof(floatX);  // elements in one 16-byte access
-
-// The 16-byte path needs every row start aligned: C a multiple of RMSNORM_VEC and the base pointers aligned.
+// The 16-byte path needs every row start aligned: C a multiple of VEC16 and the base pointers aligned.
 // (nullptr counts as aligned, for unused pointers.)
 inline bool rmsnorm_vec_ok(int C, const void* a, const void* b, const void* c, const void* d = nullptr,
                            const void* e = nullptr) {
     uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e;
-    return C % RMSNORM_VEC == 0 && (bits & 15) == 0;
-}
-
-// Loads/stores VEC consecutive elements as fp32 (one 16-byte access when VEC > 1).
-template <int VEC>
-__device__ __forceinline__ void rmsnorm_load(float* dst, const floatX* src) {
-    if constexpr (VEC == 1) {
-        dst[0] = to_float(src[0]);
-    } else {
-        int4 raw = *reinterpret_cast<const int4*>(src);
-        const floatX* x = reinterpret_cast<const floatX*>(&raw);
-        for (int j = 0; j < VEC; j++) dst[j] = to_float(x[j]);
-    }
-}
-template <int VEC>
-__device__ __forceinline__ void rmsnorm_store(floatX* dst, const float* src) {
-    if constexpr (VEC == 1) {
-        dst[0] = from_float<floatX>(src[0]);
-    } else {
-        int4 raw;
-        floatX* x = reinterpret_cast<floatX*>(&raw);
-        for (int j = 0; j < VEC; j++) x[j] = from_float<floatX>(src[j]);
-        *reinterpret_cast<int4*>(dst) = raw;
-    }
+    return C % VEC16 == 0 && (bits & 15) == 0;
 }
 
 // ------------------------------------------------------------------------------------------------ forward
@@ -66,12 +41,12 @@ __global__ void rmsnorm_forward_kernel(floatX* residual_out, floatX* out, float*
     float sum_sq = 0.0f;
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
         float x[VEC];
-        rmsnorm_load<VEC>(x, a + off + c);
+        load_as_float<VEC>(x, a + off + c);
         if constexpr (FUSED) {
             float y[VEC];
-            rmsnorm_load<VEC>(y, b + off + c);
+            load_as_float<VEC>(y, b + off + c);
             for (int j = 0; j < VEC; j++) x[j] = to_float(from_float<floatX>(x[j] + y[j]));  // round as stored
-            rmsnorm_store<VEC>(residual_out + off + c, x);
+            store_from_float<VEC>(residual_out + off + c, x);
         }
         for (int j = 0; j < VEC; j++) sum_sq += x[j] * x[j];
     }
@@ -80,10 +55,10 @@ __global__ void rmsnorm_forward_kernel(floatX* residual_out, floatX* out, float*
     const floatX* x_src = FUSED ? residual_out : a;
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
         float x[VEC], w[VEC];
-        rmsnorm_load<VEC>(x, x_src + off + c);
-        rmsnorm_load<VEC>(w, weight + c);
+        load_as_float<VEC>(x, x_src + off + c);
+        load_as_float<VEC>(w, weight + c);
         for (int j = 0; j < VEC; j++) x[j] = x[j] * r * w[j];
-        rmsnorm_store<VEC>(out + off + c, x);
+        store_from_float<VEC>(out + off + c, x);
     }
     if (lane == 0) rstd[row] = r;
 }
@@ -96,7 +71,7 @@ inline void rmsnorm_forward_launch(floatX* residual_out, floatX* out, float* rst
     unsigned grid = (unsigned)ceil_div(N, rows_per_block);
     bool vec = rmsnorm_vec_ok(C, out, a, weight, b, residual_out);
     if (vec) {
-        rmsnorm_forward_kernel<RMSNORM_VEC, FUSED>
+        rmsnorm_forward_kernel<VEC16, FUSED>
             <<<grid, block, 0, stream>>>(residual_out, out, rstd, a, b, weight, N, C, eps);
     } else {
         rmsnorm_forward_kernel<1, FUSED><<<grid, block, 0, stream>>>(residual_out, out, rstd, a, b, weight, N, C, eps);
@@ -142,9 +117,9 @@ __global__ void rmsnorm_backward_dinp_kernel(floatX* dinp, const floatX* dout, c
     float dot = 0.0f;
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
         float g[VEC], x[VEC], w[VEC];
-        rmsnorm_load<VEC>(g, dout + off + c);
-        rmsnorm_load<VEC>(x, inp + off + c);
-        rmsnorm_load<VEC>(w, weight + c);
+        load_as_float<VEC>(g, dout + off + c);
+        load_as_float<VEC>(x, inp + off + c);
+        load_as_float<VEC>(w, weight + c);
         for (int j = 0; j < VEC; j++) dot += g[j] * w[j] * x[j];
     }
     dot = warp_reduce_sum(dot);
@@ -152,12 +127,12 @@ __global__ void rmsnorm_backward_dinp_kernel(floatX* dinp, const floatX* dout, c
     float mean = r * dot / (float)C;  // mean_c(dxhat * xhat)
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
         float g[VEC], x[VEC], w[VEC], d[VEC];
-        rmsnorm_load<VEC>(g, dout + off + c);
-        rmsnorm_load<VEC>(x, inp + off + c);
-        rmsnorm_load<VEC>(w, weight + c);
-        rmsnorm_load<VEC>(d, dinp + off + c);
+        load_as_float<VEC>(g, dout + off + c);
+        load_as_float<VEC>(x, inp + off + c);
+        load_as_float<VEC>(w, weight + c);
+        load_as_float<VEC>(d, dinp + off + c);
         for (int j = 0; j < VEC; j++) d[j] += r * (g[j] * w[j] - x[j] * r * mean);
-        rmsnorm_store<VEC>(dinp + off + c, d);
+        store_from_float<VEC>(dinp + off + c, d);
     }
 }
 
@@ -214,7 +189,7 @@ inline void rmsnorm_backward(floatX* dinp, floatX* dweight, float* scratch, cons
         const int block = 256, rows_per_block = block / 32;
         unsigned grid = (unsigned)ceil_div(N, rows_per_block);
         if (rmsnorm_vec_ok(C, dinp, dout, inp, weight)) {
-            rmsnorm_backward_dinp_kernel<RMSNORM_VEC><<<grid, block, 0, stream>>>(dinp, dout, inp, weight, rstd, N, C);
+            rmsnorm_backward_dinp_kernel<VEC16><<<grid, block, 0, stream>>>(dinp, dout, inp, weight, rstd, N, C);
         } else {
             rmsnorm_backward_dinp_kernel<1><<<grid, block, 0, stream>>>(dinp, dout, inp, weight, rstd, N, C);
         }

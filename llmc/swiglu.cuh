@@ -15,30 +15,6 @@
 
 #include "cuda_common.h"
 
-constexpr int SWIGLU_VEC = 16 / sizeof(floatX);
-
-template <int VEC>
-__device__ __forceinline__ void swiglu_load(float* dst, const floatX* src) {
-    if constexpr (VEC == 1) {
-        dst[0] = to_float(src[0]);
-    } else {
-        int4 raw = *reinterpret_cast<const int4*>(src);
-        const floatX* x = reinterpret_cast<const floatX*>(&raw);
-        for (int j = 0; j < VEC; j++) dst[j] = to_float(x[j]);
-    }
-}
-template <int VEC>
-__device__ __forceinline__ void swiglu_store(floatX* dst, const float* src) {
-    if constexpr (VEC == 1) {
-        dst[0] = from_float<floatX>(src[0]);
-    } else {
-        int4 raw;
-        floatX* x = reinterpret_cast<floatX*>(&raw);
-        for (int j = 0; j < VEC; j++) x[j] = from_float<floatX>(src[j]);
-        *reinterpret_cast<int4*>(dst) = raw;
-    }
-}
-
 // expf of a large positive -g overflows to inf, giving sigmoid 0 (the right limit), so no clamping is needed.
 __device__ __forceinline__ float swiglu_sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
@@ -50,10 +26,10 @@ __global__ void swiglu_forward_kernel(floatX* out, const floatX* inp, int N, int
     int f = (int)(idx % F);  // VEC divides F: the VEC elements share a row
     const floatX* gate = inp + n * 2 * F + f;
     float g[VEC], u[VEC], o[VEC];
-    swiglu_load<VEC>(g, gate);
-    swiglu_load<VEC>(u, gate + F);
+    load_as_float<VEC>(g, gate);
+    load_as_float<VEC>(u, gate + F);
     for (int j = 0; j < VEC; j++) o[j] = g[j] * swiglu_sigmoid(g[j]) * u[j];
-    swiglu_store<VEC>(out + idx, o);
+    store_from_float<VEC>(out + idx, o);
 }
 
 template <int VEC>
@@ -64,20 +40,20 @@ __global__ void swiglu_backward_kernel(floatX* dinp, const floatX* dout, const f
     int f = (int)(idx % F);
     size_t in_off = n * 2 * F + f;
     float g[VEC], u[VEC], d[VEC], dg[VEC], du[VEC];
-    swiglu_load<VEC>(g, inp + in_off);
-    swiglu_load<VEC>(u, inp + in_off + F);
-    swiglu_load<VEC>(d, dout + idx);
+    load_as_float<VEC>(g, inp + in_off);
+    load_as_float<VEC>(u, inp + in_off + F);
+    load_as_float<VEC>(d, dout + idx);
     for (int j = 0; j < VEC; j++) {
         float s = swiglu_sigmoid(g[j]);
         dg[j] = d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
         du[j] = d[j] * g[j] * s;
     }
-    swiglu_store<VEC>(dinp + in_off, dg);
-    swiglu_store<VEC>(dinp + in_off + F, du);
+    store_from_float<VEC>(dinp + in_off, dg);
+    store_from_float<VEC>(dinp + in_off + F, du);
 }
 
 inline bool swiglu_vec_ok(int F, const void* a, const void* b, const void* c = nullptr) {
-    return F % SWIGLU_VEC == 0 && (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
+    return F % VEC16 == 0 && (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
 }
 
 // out (N, F) = silu(inp[:, :F]) * inp[:, F:]. Overwrites out.
@@ -86,8 +62,8 @@ inline void swiglu_forward(floatX* out, const floatX* inp, int N, int F, cudaStr
     const int block = 256;
     size_t elems = (size_t)N * F;
     if (swiglu_vec_ok(F, out, inp)) {
-        swiglu_forward_kernel<SWIGLU_VEC>
-            <<<(unsigned)ceil_div<size_t>(elems / SWIGLU_VEC, block), block, 0, stream>>>(out, inp, N, F);
+        swiglu_forward_kernel<VEC16>
+            <<<(unsigned)ceil_div<size_t>(elems / VEC16, block), block, 0, stream>>>(out, inp, N, F);
     } else {
         swiglu_forward_kernel<1><<<(unsigned)ceil_div<size_t>(elems, block), block, 0, stream>>>(out, inp, N, F);
     }
@@ -100,8 +76,8 @@ inline void swiglu_backward(floatX* dinp, const floatX* dout, const floatX* inp,
     const int block = 256;
     size_t elems = (size_t)N * F;
     if (swiglu_vec_ok(F, dinp, dout, inp)) {
-        swiglu_backward_kernel<SWIGLU_VEC>
-            <<<(unsigned)ceil_div<size_t>(elems / SWIGLU_VEC, block), block, 0, stream>>>(dinp, dout, inp, N, F);
+        swiglu_backward_kernel<VEC16>
+            <<<(unsigned)ceil_div<size_t>(elems / VEC16, block), block, 0, stream>>>(dinp, dout, inp, N, F);
     } else {
         swiglu_backward_kernel<1>
             <<<(unsigned)ceil_div<size_t>(elems, block), block, 0, stream>>>(dinp, dout, inp, N, F);
