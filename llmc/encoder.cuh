@@ -19,7 +19,6 @@
 
 #include "cuda_common.h"
 
-
 inline bool encoder_aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
 
 // ------------------------------------------------------------------------------------------------ forward
