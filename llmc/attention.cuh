@@ -551,6 +551,49 @@ template <int LD>
 __device__ __forceinline__ uint32_t atc_off_b(int row0, int col0, int lane) {
     return 2u * ((row0 + lane % 8 + 8 * (lane / 16)) * LD + col0 + 8 * ((lane / 8) % 2));
 }
+
+// The backward's two score-shaped products over the head dim, sharing one loop: s = A1 B1^T and dp = A2 B2^T.
+// A1, A2: the warp's MT 16-row blocks from row0; B1, B2: N rows; all HD wide, in shared memory with leading
+// dimension LD (32-bit shared addresses). The dK/dV kernel passes (K, V, Q, dO) to get S^T and dP^T, the dQ kernel
+// (Q, dO, K, V) to get S and dP. Each B fragment feeds MT mmas.
+template <int HD, int MT, int N, int LD>
+__device__ __forceinline__ void atc_two_products(float (&s)[MT][N / 8][4], float (&dp)[MT][N / 8][4], uint32_t a1,
+                                                 uint32_t a2, uint32_t b1, uint32_t b2, int row0, int lane) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < N / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
+        }
+    }
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        uint32_t fa1[MT][4], fa2[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            atc_ldsm_x4(fa1[mt], a1 + atc_off_a<LD>(row0 + 16 * mt, 16 * kk, lane));
+            atc_ldsm_x4(fa2[mt], a2 + atc_off_a<LD>(row0 + 16 * mt, 16 * kk, lane));
+        }
+#pragma unroll
+        for (int np = 0; np < N / 16; np++) {
+            uint32_t fb[4];
+            atc_ldsm_x4(fb, b1 + atc_off_b<LD>(16 * np, 16 * kk, lane));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                atc_mma(s[mt][2 * np], fa1[mt], fb[0], fb[1]);
+                atc_mma(s[mt][2 * np + 1], fa1[mt], fb[2], fb[3]);
+            }
+            atc_ldsm_x4(fb, b2 + atc_off_b<LD>(16 * np, 16 * kk, lane));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                atc_mma(dp[mt][2 * np], fa2[mt], fb[0], fb[1]);
+                atc_mma(dp[mt][2 * np + 1], fa2[mt], fb[2], fb[3]);
+            }
+        }
+    }
+}
+
 template <int LD>
 __device__ __forceinline__ uint32_t atc_off_bt(int row0, int col0, int lane) {
     return 2u * ((row0 + lane % 8 + 8 * ((lane / 8) % 2)) * LD + col0 + 8 * (lane / 16));
@@ -885,39 +928,7 @@ __global__ void __launch_bounds__(ATC_THREADS, 2)
             // S^T = K Q^T and dP^T = V dO^T: rows are the warp's WR keys, columns the BQ queries. Each Q / dO
             // fragment feeds 2 MT mmas.
             float s[MT][BQ / 8][4], dp[MT][BQ / 8][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-                for (int nt = 0; nt < BQ / 8; nt++) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
-                }
-            }
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                uint32_t ka[MT][4], va[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    atc_ldsm_x4(ka[mt], k_base + atc_off_a<LD>(WR * warp + 16 * mt, 16 * kk, lane));
-                    atc_ldsm_x4(va[mt], v_base + atc_off_a<LD>(WR * warp + 16 * mt, 16 * kk, lane));
-                }
-#pragma unroll
-                for (int np = 0; np < BQ / 16; np++) {
-                    uint32_t qb[4], ob[4];
-                    atc_ldsm_x4(qb, q_base + atc_off_b<LD>(16 * np, 16 * kk, lane));
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        atc_mma(s[mt][2 * np], ka[mt], qb[0], qb[1]);
-                        atc_mma(s[mt][2 * np + 1], ka[mt], qb[2], qb[3]);
-                    }
-                    atc_ldsm_x4(ob, do_base + atc_off_b<LD>(16 * np, 16 * kk, lane));
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        atc_mma(dp[mt][2 * np], va[mt], ob[0], ob[1]);
-                        atc_mma(dp[mt][2 * np + 1], va[mt], ob[2], ob[3]);
-                    }
-                }
-            }
+            atc_two_products<HD, MT, BQ, LD>(s, dp, k_base, v_base, q_base, do_base, WR * warp, lane);
             // P^T, dS^T in place. Element (mt, nt, e): key kw + 16 mt + g + 8 (e / 2), query q0 + 8 nt + c + e % 2.
             // Masking is needed where some query precedes some key of the warp, or the tile runs past T.
             const bool need_mask = q0 < kw + WR - 1 || q0 + BQ > T;
@@ -1359,39 +1370,7 @@ __global__ void __launch_bounds__(ATC_THREADS, 2)
         if (k0 <= qw + WR - 1) {
             const uint32_t k_base = atc_smem_u32(Ks + stage * BN * LD), v_base = atc_smem_u32(Vs + stage * BN * LD);
             float s[MT][BN / 8][4], dp[MT][BN / 8][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; nt++) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
-                }
-            }
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                uint32_t qa[MT][4], oa[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    atc_ldsm_x4(qa[mt], q_base + atc_off_a<LD>(WR * warp + 16 * mt, 16 * kk, lane));
-                    atc_ldsm_x4(oa[mt], do_base + atc_off_a<LD>(WR * warp + 16 * mt, 16 * kk, lane));
-                }
-#pragma unroll
-                for (int np = 0; np < BN / 16; np++) {
-                    uint32_t kb[4], vb[4];
-                    atc_ldsm_x4(kb, k_base + atc_off_b<LD>(16 * np, 16 * kk, lane));
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        atc_mma(s[mt][2 * np], qa[mt], kb[0], kb[1]);
-                        atc_mma(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
-                    }
-                    atc_ldsm_x4(vb, v_base + atc_off_b<LD>(16 * np, 16 * kk, lane));
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        atc_mma(dp[mt][2 * np], oa[mt], vb[0], vb[1]);
-                        atc_mma(dp[mt][2 * np + 1], oa[mt], vb[2], vb[3]);
-                    }
-                }
-            }
+            atc_two_products<HD, MT, BN, LD>(s, dp, q_base, do_base, k_base, v_base, WR * warp, lane);
             // dS in place of dP. Element (mt, nt, e): query qw + 16 mt + g + 8 (e / 2), key k0 + 8 nt + c + e % 2.
             // Diagonal tile. Keys >= T need no test of their own: they are after every valid query.
             const bool need_mask = k0 + BN - 1 > qw;
