@@ -1636,6 +1636,10 @@ inline void attention_backward(floatX* dqkv, float* delta_scratch, const floatX*
                                const floatX* out, const float* lse, int B, int T, int n_heads, int n_kv_heads,
                                int head_dim, cudaStream_t stream) {
 #if !defined(ENABLE_FP32)
+    if (attention_backward_hopper(dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, head_dim,
+                                  stream)) {
+        return;
+    }
     if (attention_tc_supported(head_dim)) {
         attention_backward_tc(dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, head_dim, stream);
         return;

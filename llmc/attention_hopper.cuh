@@ -436,6 +436,339 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
 }
 
 // ----------------------------------------------------------------------------------------------------------------
+// Backward kernels
+//
+// The same split as attention.cuh's tensor-core backward (a dK/dV kernel per key tile and kv head, a dQ kernel per
+// query tile and head, every output element with one writer: deterministic, no atomics), with wgmma in place of
+// mma.sync. D = rowsum(dO o O) comes first from attention_delta (attention.cuh).
+//
+// dK/dV: CTA = 128 keys x (kv head, batch) = 2 warpgroups of 64 keys (256 threads); K and V (128 x HD) stay in smem.
+// Work items are (query head of the group, query tile of BQ from the diagonal), in a fixed order; Q, dO tiles and
+// their lse, D stream through 3 cp.async stages, two items ahead. Per item and warpgroup (rows = its 64 keys,
+// columns = the BQ queries, all fp32 accumulators):
+//   S^T = K Q^T, dP^T = V dO^T        wgmma m64nBQk16, A and B from smem descriptors (both K-major), two groups
+//   P^T = exp2(S^T scale log2 e - lse log2 e), 0 where key > query or query >= T; bf16 A registers
+//   dV += P^T dO                      wgmma m64nHDk16, A from registers, B = dO tile MN-major ("transpose B")
+//   dS^T = P^T o (dP^T - D); bf16 A registers
+//   dK += dS^T Q                      wgmma m64nHDk16, as dV
+// dK times scale at the store. A warpgroup whose keys all follow the tile's queries skips the item.
+// Registers (HD 128, BQ 64): dK, dV 2 x 64 + S^T, dP^T 2 x 32 + P^T, dS^T 2 x 16 per thread.
+//
+// dQ: CTA = 128 queries x (head, batch) = 2 warpgroups of 64 queries; Q and dO stay in smem; K, V tiles of BN keys
+// stream through 3 stages up to the causal diagonal. Per tile and warpgroup:
+//   S = Q K^T, dP = dO V^T            wgmma m64nBNk16 (smem descriptors)
+//   P = exp2(S scale log2 e - lse log2 e), 0 where key > query; dS = P o (dP - D); bf16 A registers
+//   dQ += dS K                        wgmma m64nHDk16, B = K tile MN-major
+// dQ times scale at the store.
+// Both kernels stage their bf16 results through their own (dead) rows of the resident tiles for 16-byte stores.
+
+// Stores a warpgroup's 64 x HD fp32 accumulator (times mult) as bf16 to global rows r0 .. r0 + 63 (skipping rows
+// >= T; dst: row 0, column 0 of the head), staged through rows 64 wg .. 64 wg + 63 of a swizzled smem tile of R rows
+// at `stage` (generic pointer) that no other warpgroup reads any more. Uses named barrier 1 + wg (128 threads).
+template <int HD, int R>
+__device__ __forceinline__ void hw_store_wg_rows(__nv_bfloat16* dst, size_t row_stride, uint8_t* stage,
+                                                 const float (&acc)[HD / 2], float mult, int r0, int T, int wg) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+    const int lr = 64 * wg + 16 * warp + g;
+#pragma unroll
+    for (int jn = 0; jn < HD / 8; jn++) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            *reinterpret_cast<uint32_t*>(stage + hw_swz<R>(lr + 8 * r, jn) + 2 * c) =
+                atc_pack_bf16(acc[4 * jn + 2 * r] * mult, acc[4 * jn + 2 * r + 1] * mult);
+        }
+    }
+    hw_bar_sync<128>(1 + wg);
+    constexpr int CHUNKS = HD / 8;
+    const int t = threadIdx.x % 128;
+#pragma unroll
+    for (int i = 0; i < 64 * CHUNKS / 128; i++) {
+        const int idx = i * 128 + t, r = idx / CHUNKS, ch = idx % CHUNKS;
+        if (r0 + r < T) {
+            *reinterpret_cast<int4*>(dst + (size_t)(r0 + r) * row_stride + 8 * ch) =
+                *reinterpret_cast<const int4*>(stage + hw_swz<R>(64 * wg + r, ch));
+        }
+    }
+}
+
+// Packs a 64 x N fp32 accumulator fragment (N / 2 values per thread) into N / 16 bf16 A fragments (k16 slices).
+template <int N>
+__device__ __forceinline__ void hw_acc_to_a(uint32_t (&a)[N / 16][4], const float (&d)[N / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++) {
+        a[kk][0] = atc_pack_bf16(d[8 * kk + 0], d[8 * kk + 1]);
+        a[kk][1] = atc_pack_bf16(d[8 * kk + 2], d[8 * kk + 3]);
+        a[kk][2] = atc_pack_bf16(d[8 * kk + 4], d[8 * kk + 5]);
+        a[kk][3] = atc_pack_bf16(d[8 * kk + 6], d[8 * kk + 7]);
+    }
+}
+
+constexpr int HWB_STAGES = 3;  // streamed-tile stages of both backward kernels
+
+template <int HD, int BQ>
+constexpr size_t attention_backward_dkdv_hopper_smem_bytes() {
+    return sizeof(__nv_bfloat16) * HD * (2 * HW_ROWS + 2 * HWB_STAGES * BQ) + sizeof(float) * 2 * HWB_STAGES * BQ +
+           1024;
+}
+
+// dK, dV for one (b, kv head, tile of 128 keys). grid (B * KV, ceil(T / 128)), block 256. BQ: queries per item.
+template <int HD, int BQ>
+__global__ void __launch_bounds__(HW_THREADS, 1)
+    attention_backward_dkdv_hopper_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                          const float* lse, const float* delta, int T, int H, int KV, float scale,
+                                          float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int ROWS = HW_ROWS, S = HWB_STAGES;
+    constexpr int KBYTES = ROWS * HD * 2, QBYTES = BQ * HD * 2;
+    static_assert(ROWS % BQ == 0 && BQ % 16 == 0, "query tiles must start at the key tile's first key");
+    extern __shared__ uint8_t hw_smem_raw[];
+    const uint32_t smem = (atc_smem_u32(hw_smem_raw) + 1023u) & ~1023u;
+    const uint32_t k_sm = smem;                      // K (128 x HD), swizzled
+    const uint32_t v_sm = k_sm + KBYTES;             // V (128 x HD)
+    const uint32_t q_sm = v_sm + KBYTES;             // S stages x Q (BQ x HD)
+    const uint32_t do_sm = q_sm + S * QBYTES;        // S stages x dO (BQ x HD)
+    uint8_t* smem_ptr = hw_smem_raw + (smem - atc_smem_u32(hw_smem_raw));
+    float* lse_s = reinterpret_cast<float*>(smem_ptr + 2 * KBYTES + 2 * S * QBYTES);  // S stages x BQ
+    float* D_s = lse_s + S * BQ;                                                      // S stages x BQ
+
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, c = 2 * (lane % 4);
+    const int b = blockIdx.x / KV, kvh = blockIdx.x % KV, group = H / KV;
+    const int k0 = blockIdx.y * ROWS;  // the first key tiles see the most queries: scheduled first
+    const int kwg = k0 + 64 * wg;      // the warpgroup's first key
+    const int key0 = kwg + 16 * warp + g;  // this thread's keys: key0 and key0 + 8
+    const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
+
+    // Items (query head of the group, query tile from the diagonal); k0 is a multiple of BQ.
+    const int n_q = ceil_div(T - k0, BQ), n_items = group * n_q;
+    auto issue = [&](int item) {
+        const int stage = item % S, h = kvh * group + item / n_q, q0 = k0 + (item % n_q) * BQ;
+        hw_load_tile<HD, BQ>(q_sm + stage * QBYTES, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
+        hw_load_tile<HD, BQ>(do_sm + stage * QBYTES, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0,
+                             T);
+        const size_t row = ((size_t)b * H + h) * T;  // (b, h) row of lse and delta
+        if (threadIdx.x < 2 * BQ) {
+            const int i = threadIdx.x % BQ, q = q0 + i;
+            const float* src = threadIdx.x < BQ ? lse : delta;
+            float* dst = threadIdx.x < BQ ? lse_s : D_s;
+            atc_cp_async4(atc_smem_u32(dst + stage * BQ + i), src + row + (q < T ? q : 0), q < T ? 4 : 0);
+        }
+    };
+
+    hw_load_tile<HD, ROWS>(k_sm, qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD, stride, k0, T);
+    hw_load_tile<HD, ROWS>(v_sm, qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD, stride, k0, T);
+    issue(0);
+    atc_cp_async_commit();
+    if (n_items > 1) issue(1);
+    atc_cp_async_commit();
+
+    float dk[HD / 2], dv[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dk[i] = dv[i] = 0.0f;
+
+    for (int it = 0; it < n_items; it++) {
+        // Groups committed so far: items 0 .. it + 1 (one per iteration, possibly empty). All but the newest: it.
+        atc_cp_async_wait<1>();
+        hw_fence_proxy_async();
+        __syncthreads();  // item it visible to all; everyone is done with item it - 1, whose stage is refilled next
+        if (it + 2 < n_items) issue(it + 2);
+        atc_cp_async_commit();
+
+        const int stage = it % S, q0 = k0 + (it % n_q) * BQ;
+        if (q0 + BQ - 1 < kwg) continue;  // warpgroup-uniform: every query of the tile precedes every key
+        const uint32_t q_st = q_sm + stage * QBYTES, do_st = do_sm + stage * QBYTES;
+        const float* lse_t = lse_s + stage * BQ;
+        const float* D_t = D_s + stage * BQ;
+
+        // S^T = K Q^T and dP^T = V dO^T: the k16 slice kk of d is column block kk / 4, bytes 32 (kk % 4) of a row.
+        float s[BQ / 2], dp[BQ / 2];
+        hw_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const uint32_t off = (kk / 4) * (ROWS * 128) + 64 * wg * 128 + 32 * (kk % 4);
+            hw_wgmma_ss(s, hw_desc(k_sm + off, 16, 1024), hw_desc(q_st + (kk / 4) * (BQ * 128) + 32 * (kk % 4), 16, 1024),
+                        kk > 0);
+        }
+        hw_commit();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const uint32_t off = (kk / 4) * (ROWS * 128) + 64 * wg * 128 + 32 * (kk % 4);
+            hw_wgmma_ss(dp, hw_desc(v_sm + off, 16, 1024),
+                        hw_desc(do_st + (kk / 4) * (BQ * 128) + 32 * (kk % 4), 16, 1024), kk > 0);
+        }
+        hw_commit();
+
+        // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2.
+        hw_wait<1>();
+        hw_fence_regs(s);
+        const bool need_mask = kwg + 63 > q0 || q0 + BQ > T;
+#pragma unroll
+        for (int i = 0; i < BQ / 2; i++) {
+            const int qi = 8 * (i / 4) + c + i % 2;
+            float p = exp2f(fmaf(s[i], scale_log2, -lse_t[qi] * ATTN_LOG2E));
+            if (need_mask) {
+                const int q = q0 + qi, key = key0 + 8 * ((i / 2) % 2);
+                if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
+            }
+            s[i] = p;
+        }
+        uint32_t pa[BQ / 16][4];
+        hw_acc_to_a<BQ>(pa, s);
+        hw_fence_regs(pa);
+        hw_fence_regs(dv);
+        hw_fence();
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) hw_wgmma_rs(dv, pa[kk], hw_desc(do_st + 2048 * kk, BQ * 128, 1024), 1);
+        hw_commit();
+
+        // dS^T (dP^T is done once only the dV group may be outstanding).
+        hw_wait<1>();
+        hw_fence_regs(dp);
+#pragma unroll
+        for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
+        uint32_t dsa[BQ / 16][4];
+        hw_acc_to_a<BQ>(dsa, dp);
+        hw_fence_regs(dsa);
+        hw_fence_regs(dk);
+        hw_fence();
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) hw_wgmma_rs(dk, dsa[kk], hw_desc(q_st + 2048 * kk, BQ * 128, 1024), 1);
+        hw_commit();
+        hw_wait<0>();  // P^T, dS^T registers and this stage free again
+        hw_fence_regs(dk);
+        hw_fence_regs(dv);
+    }
+
+    // Each warpgroup read only its own 64 rows of K and V: after its last wait they stage its results.
+    __nv_bfloat16* dqkv_b = dqkv + (size_t)b * T * stride;
+    hw_store_wg_rows<HD, ROWS>(dqkv_b + (size_t)(H + kvh) * HD, stride, smem_ptr, dk, scale, kwg, T, wg);
+    hw_store_wg_rows<HD, ROWS>(dqkv_b + (size_t)(H + KV + kvh) * HD, stride, smem_ptr + KBYTES, dv, 1.0f, kwg, T, wg);
+#else
+    __trap();  // not sm_90a code: never launched (attention_hopper_usable)
+#endif
+}
+
+template <int HD, int BN>
+constexpr size_t attention_backward_dq_hopper_smem_bytes() {
+    return sizeof(__nv_bfloat16) * HD * (2 * HW_ROWS + 2 * HWB_STAGES * BN) + 1024;
+}
+
+// dQ for one (b, h, tile of 128 queries). grid (B * H, ceil(T / 128)), block 256. BN: keys per K / V tile.
+template <int HD, int BN>
+__global__ void __launch_bounds__(HW_THREADS, 1)
+    attention_backward_dq_hopper_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                        const float* lse, const float* delta, int T, int H, int KV, float scale,
+                                        float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int ROWS = HW_ROWS, S = HWB_STAGES;
+    constexpr int QBYTES = ROWS * HD * 2, TBYTES = BN * HD * 2;
+    static_assert(ROWS % BN == 0, "key tiles must tile the query tile");
+    extern __shared__ uint8_t hw_smem_raw[];
+    const uint32_t smem = (atc_smem_u32(hw_smem_raw) + 1023u) & ~1023u;
+    const uint32_t q_sm = smem;                     // Q (128 x HD), swizzled
+    const uint32_t do_sm = q_sm + QBYTES;           // dO (128 x HD)
+    const uint32_t k_sm = do_sm + QBYTES;           // S stages x K (BN x HD)
+    const uint32_t v_sm = k_sm + S * TBYTES;        // S stages x V (BN x HD)
+    uint8_t* smem_ptr = hw_smem_raw + (smem - atc_smem_u32(hw_smem_raw));
+
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, c = 2 * (lane % 4);
+    const int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV);
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * ROWS;  // the longest (last) query tiles are scheduled first
+    const int qwg = q0 + 64 * wg;
+    const int row0 = qwg + 16 * warp + g;  // this thread's queries: row0 and row0 + 8
+    const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
+    const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
+    const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
+
+    const int n_tiles = ceil_div(min(q0 + ROWS, T), BN);  // causal: keys up to the CTA's last query
+    auto issue = [&](int j) {
+        hw_load_tile<HD, BN>(k_sm + (j % S) * TBYTES, k_src, stride, j * BN, T);
+        hw_load_tile<HD, BN>(v_sm + (j % S) * TBYTES, v_src, stride, j * BN, T);
+    };
+    hw_load_tile<HD, ROWS>(q_sm, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
+    hw_load_tile<HD, ROWS>(do_sm, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0, T);
+    issue(0);
+    atc_cp_async_commit();
+    if (n_tiles > 1) issue(1);
+    atc_cp_async_commit();
+
+    float lse2[2], D[2];  // rows row0, row0 + 8; finite placeholders past T (never stored)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int q = row0 + 8 * r;
+        lse2[r] = q < T ? lse[(size_t)blockIdx.x * T + q] * ATTN_LOG2E : 0.0f;
+        D[r] = q < T ? delta[(size_t)blockIdx.x * T + q] : 0.0f;
+    }
+    float dq[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dq[i] = 0.0f;
+
+    for (int j = 0; j < n_tiles; j++) {
+        atc_cp_async_wait<1>();
+        hw_fence_proxy_async();
+        __syncthreads();  // tile j visible to all; everyone is done with tile j - 1, whose stage is refilled next
+        if (j + 2 < n_tiles) issue(j + 2);
+        atc_cp_async_commit();
+
+        const int k0 = j * BN;
+        if (k0 > qwg + 63) continue;  // warpgroup-uniform: every key of the tile follows every query
+        const uint32_t k_st = k_sm + (j % S) * TBYTES, v_st = v_sm + (j % S) * TBYTES;
+
+        float s[BN / 2], dp[BN / 2];
+        hw_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const uint32_t off = (kk / 4) * (ROWS * 128) + 64 * wg * 128 + 32 * (kk % 4);
+            hw_wgmma_ss(s, hw_desc(q_sm + off, 16, 1024), hw_desc(k_st + (kk / 4) * (BN * 128) + 32 * (kk % 4), 16, 1024),
+                        kk > 0);
+        }
+        hw_commit();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const uint32_t off = (kk / 4) * (ROWS * 128) + 64 * wg * 128 + 32 * (kk % 4);
+            hw_wgmma_ss(dp, hw_desc(do_sm + off, 16, 1024),
+                        hw_desc(v_st + (kk / 4) * (BN * 128) + 32 * (kk % 4), 16, 1024), kk > 0);
+        }
+        hw_commit();
+
+        // P. Element i: query row0 + 8 ((i / 2) % 2), key k0 + 8 (i / 4) + c + i % 2. Keys >= T need no test of
+        // their own: they follow every valid query.
+        hw_wait<1>();
+        hw_fence_regs(s);
+        const bool need_mask = k0 + BN - 1 > qwg;
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) {
+            const int r = (i / 2) % 2;
+            float p = exp2f(fmaf(s[i], scale_log2, -lse2[r]));
+            if (need_mask && k0 + 8 * (i / 4) + c + i % 2 > row0 + 8 * r) p = 0.0f;
+            s[i] = p;
+        }
+        hw_wait<0>();
+        hw_fence_regs(dp);
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) dp[i] = s[i] * (dp[i] - D[(i / 2) % 2]);
+        uint32_t dsa[BN / 16][4];
+        hw_acc_to_a<BN>(dsa, dp);
+        hw_fence_regs(dsa);
+        hw_fence_regs(dq);
+        hw_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) hw_wgmma_rs(dq, dsa[kk], hw_desc(k_st + 2048 * kk, BN * 128, 1024), 1);
+        hw_commit();
+        hw_wait<0>();
+        hw_fence_regs(dq);
+    }
+
+    // Each warpgroup read only its own 64 rows of Q: after its last wait they stage its result.
+    hw_store_wg_rows<HD, ROWS>(dqkv + (size_t)b * T * stride + (size_t)h * HD, stride, smem_ptr, dq, scale, qwg, T,
+                               wg);
+#else
+    __trap();  // not sm_90a code: never launched (attention_hopper_usable)
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------------------------
 // Host side
 
 // True when the kernel can run on the current device: compute capability 9.0 (H100 / H200; wgmma is sm_90a-only,
@@ -488,6 +821,54 @@ inline bool attention_forward_hopper(floatX* out, float* lse, const floatX* qkv,
     if (!attention_hopper_usable()) return false;
     attention_check_args("attention_forward_hopper", B, T, n_heads, n_kv_heads, head_dim);
     attention_forward_hopper_cfg<128, 1, true>(out, lse, qkv, B, T, n_heads, n_kv_heads, stream);
+    return true;
+}
+
+// Backward tile configurations (queries per dK/dV item, keys per dQ tile) per head dim: the best measured on an H200
+// (dev/cuda/attention_backward.cu, "sweep").
+constexpr int HWB_BQ_64 = 64, HWB_BN_64 = 64, HWB_BQ_128 = 64, HWB_BN_128 = 64;
+
+// One backward configuration (D included), no checks: attention_backward_hopper runs the chosen one,
+// dev/cuda/attention_backward.cu also times others.
+template <int HD, int BQ, int BN>
+inline void attention_backward_hopper_cfg(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
+                                          const floatX* out, const float* lse, int B, int T, int H, int KV,
+                                          cudaStream_t stream) {
+    static bool dkdv_smem_set = false, dq_smem_set = false;
+    const size_t dkdv_smem = attention_backward_dkdv_hopper_smem_bytes<HD, BQ>();
+    const size_t dq_smem = attention_backward_dq_hopper_smem_bytes<HD, BN>();
+    attention_set_smem(attention_backward_dkdv_hopper_kernel<HD, BQ>, dkdv_smem, dkdv_smem_set);
+    attention_set_smem(attention_backward_dq_hopper_kernel<HD, BN>, dq_smem, dq_smem_set);
+    attention_delta(delta, dout, out, B, T, H, HD, stream);
+    const float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * ATTN_LOG2E;
+    dim3 dkdv_grid(B * KV, ceil_div(T, HW_ROWS));
+    attention_backward_dkdv_hopper_kernel<HD, BQ><<<dkdv_grid, HW_THREADS, dkdv_smem, stream>>>(
+        dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    cudaCheckLaunch();
+    dim3 dq_grid(B * H, ceil_div(T, HW_ROWS));
+    attention_backward_dq_hopper_kernel<HD, BN><<<dq_grid, HW_THREADS, dq_smem, stream>>>(
+        dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    cudaCheckLaunch();
+}
+
+// The Hopper backward, same contract as attention_backward. Returns false, having done nothing, where it does not
+// apply (head_dim other than 64 / 128, no sm_90a device or code, tensors not 16-byte aligned).
+inline bool attention_backward_hopper(floatX* dqkv, float* delta_scratch, const floatX* dout, const floatX* qkv,
+                                      const floatX* out, const float* lse, int B, int T, int n_heads, int n_kv_heads,
+                                      int head_dim, cudaStream_t stream) {
+    if (head_dim != 64 && head_dim != 128) return false;
+    for (const void* p : {(const void*)dqkv, (const void*)dout, (const void*)qkv}) {
+        if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+    }
+    if (!attention_hopper_usable()) return false;
+    attention_check_args("attention_backward_hopper", B, T, n_heads, n_kv_heads, head_dim);
+    if (head_dim == 64) {
+        attention_backward_hopper_cfg<64, HWB_BQ_64, HWB_BN_64>(dqkv, delta_scratch, dout, qkv, out, lse, B, T,
+                                                                n_heads, n_kv_heads, stream);
+    } else {
+        attention_backward_hopper_cfg<128, HWB_BQ_128, HWB_BN_128>(dqkv, delta_scratch, dout, qkv, out, lse, B, T,
+                                                                   n_heads, n_kv_heads, stream);
+    }
     return true;
 }
 

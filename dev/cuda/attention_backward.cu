@@ -160,6 +160,21 @@ static void backward_tc_config(floatX* dqkv, float* delta, const floatX* dout, c
     attention_backward_scalar(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
 }
 
+// Hopper (wgmma) configurations as version entries: <BQ, BN> for hd 64 and for hd 128; where the Hopper kernels do
+// not apply, attention_backward's choice.
+template <int BQ64, int BN64, int BQ128, int BN128>
+static void backward_hopper_config(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv, const floatX* out,
+                                   const float* lse, int B, int T, int H, int KV, int hd) {
+#if !defined(ENABLE_FP32)
+    if ((hd == 64 || hd == 128) && attention_hopper_usable()) {
+        attention_check_args("backward_hopper_config", B, T, H, KV, hd);
+        if (hd == 64) return attention_backward_hopper_cfg<64, BQ64, BN64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, 0);
+        return attention_backward_hopper_cfg<128, BQ128, BN128>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, 0);
+    }
+#endif
+    attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
+}
+
 static void attention_backward_gpu(int version, floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
                                    const floatX* out, const float* lse, int B, int T, int H, int KV, int hd) {
     switch (version) {
@@ -171,7 +186,11 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
         case 3:  // v3's configuration, kept as a fixed entry
             backward_tc_config<2, 64, 1, 64, 2, 32, 1, 64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
             break;
-        case 4: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
+        case 4:  // v4, kept as a fixed entry: the mma.sync kernels as attention_backward_tc configures them
+            if (hd == 64 || hd == 128) attention_backward_tc(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
+            else attention_backward_scalar(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
+            break;
+        case 5: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
         // Tuning candidates (./attention_backward sweep): not versions of their own.
         case 101:  // hd 64: dQ with 32 keys per tile
             backward_tc_config<2, 32, 1, 64, 2, 32, 1, 64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
@@ -186,6 +205,9 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
             backward_tc_config<2, 64, 0, 64, 2, 32, 0, 64, 8, 8, false>(dqkv, delta, dout, qkv, out, lse, B, T, H,
                                                                          KV, hd);
             break;
+        case 105:  // Hopper: dQ with 128 keys per tile
+            backward_hopper_config<64, 128, 64, 128>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
+            break;
 #endif
         default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
     }
@@ -198,7 +220,7 @@ struct Shape {
 #if defined(ENABLE_FP32)
 static const int VERSIONS[] = {1};
 #else
-static const int VERSIONS[] = {1, 2, 3, 4};
+static const int VERSIONS[] = {1, 2, 3, 4, 5};
 #endif
 
 static void validate_shape(int version, const Shape& sh, uint64_t seed) {
@@ -282,7 +304,7 @@ int main(int argc, char** argv) {
     require_gpu(argv[0]);  // clear message and exit 1 without a GPU
     std::vector<int> versions(std::begin(VERSIONS), std::end(VERSIONS));
     if (argc > 1 && strcmp(argv[1], "sweep") == 0) {  // tile configurations: spot validation, then timing
-        for (int cfg : {101, 102, 103, 104}) {
+        for (int cfg : {101, 102, 103, 104, 105}) {
             uint64_t seed = 7;
             for (int hd : {64, 128}) {
                 validate_shape(cfg, {2, 257, 8, 2, hd}, seed++);
@@ -307,6 +329,11 @@ int main(int argc, char** argv) {
 
     for (int version : versions) {
         printf("attention_backward version %d (%s): validation\n", version, PRECISION_NAME);
+#if !defined(ENABLE_FP32)
+        if (version == 5 && !attention_hopper_usable()) {
+            printf("  note: no sm_90 device or no sm_90a code in this build: v5 runs v4's kernels\n");
+        }
+#endif
         // T not a multiple of the tiles (64 fixed rows; 32 or 64 streamed), group sizes 1, 4, 8, head dims 16, 64, 128.
         uint64_t seed = 7;
         for (int T : {13, 100, 257}) {
