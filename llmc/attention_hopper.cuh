@@ -151,7 +151,8 @@ __device__ __forceinline__ void hw_load_tile(uint32_t dst, const __nv_bfloat16* 
 }
 
 // wgmma wrappers. scale_d = 0: D = A B (the accumulator's old contents ignored); 1: D += A B.
-// hw_wgmma_ss: A (K-major) and B (K-major) from descriptors. hw_wgmma_rs: A from registers, B MN-major (transposed).
+// hw_wgmma_ss: A (K-major) and B (K-major) from descriptors. hw_wgmma_rs: A from registers, B MN-major
+// ("transpose B", TRANS_B = 1, the default) or K-major (TRANS_B = 0).
 __device__ __forceinline__ void hw_wgmma_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -166,19 +167,20 @@ __device__ __forceinline__ void hw_wgmma_ss(float (&d)[32], uint64_t desc_a, uin
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+template <int TRANS_B = 1>
 __device__ __forceinline__ void hw_wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
         :
           "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
 }
 __device__ __forceinline__ void hw_wgmma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     asm volatile(
@@ -200,6 +202,7 @@ __device__ __forceinline__ void hw_wgmma_ss(float (&d)[64], uint64_t desc_a, uin
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+template <int TRANS_B = 1>
 __device__ __forceinline__ void hw_wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
@@ -208,7 +211,7 @@ __device__ __forceinline__ void hw_wgmma_rs(float (&d)[64], const uint32_t (&a)[
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
         :
           "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -218,7 +221,7 @@ __device__ __forceinline__ void hw_wgmma_rs(float (&d)[64], const uint32_t (&a)[
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
 }
 
 // Online-softmax update for one part of a score tile (NS fragment values per thread, rows row0 (r = 0: elements
@@ -503,22 +506,59 @@ __device__ __forceinline__ void hw_acc_to_a(uint32_t (&a)[N / 16][4], const floa
     }
 }
 
-constexpr int HWB_STAGES = 3;  // streamed-tile stages of both backward kernels
+// Loads the warpgroup's A fragments (rows 64 wg .. 64 wg + 63, every k16 slice of HD columns) of a swizzled tile of
+// R rows at `tile`: a stationary operand kept in registers for hw_wgmma_rs (fragment layout in the section comment).
+template <int HD, int R>
+__device__ __forceinline__ void hw_load_a_frags(uint32_t (&a)[HD / 16][4], const uint8_t* tile, int wg) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+    const int r0 = 64 * wg + 16 * warp + g;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {  // columns 16 kk + c (chunk 2 kk) and 16 kk + 8 + c (chunk 2 kk + 1)
+        a[kk][0] = *reinterpret_cast<const uint32_t*>(tile + hw_swz<R>(r0, 2 * kk) + 2 * c);
+        a[kk][1] = *reinterpret_cast<const uint32_t*>(tile + hw_swz<R>(r0 + 8, 2 * kk) + 2 * c);
+        a[kk][2] = *reinterpret_cast<const uint32_t*>(tile + hw_swz<R>(r0, 2 * kk + 1) + 2 * c);
+        a[kk][3] = *reinterpret_cast<const uint32_t*>(tile + hw_swz<R>(r0 + 8, 2 * kk + 1) + 2 * c);
+    }
+}
+
+// 64 x N = (64 x HD) (N x HD)^T over the HD / 16 k16 slices, one commit group: A is either the warpgroup's rows of a
+// resident swizzled tile of R rows (AREG false: from shared memory, a_tile) or its fragments in registers (AREG
+// true: a_frags); B is a swizzled tile of N rows at b_tile, K-major.
+template <int HD, int R, int N, bool AREG>
+__device__ __forceinline__ void hw_scores(float (&d)[N / 2], uint32_t a_tile,
+                                          const uint32_t (&a_frags)[AREG ? HD / 16 : 1][4], uint32_t b_tile, int wg) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const uint64_t db = hw_desc(b_tile + (kk / 4) * (N * 128) + 32 * (kk % 4), 16, 1024);
+        if constexpr (AREG) {
+            hw_wgmma_rs<0>(d, a_frags[kk], db, kk > 0);
+        } else {
+            hw_wgmma_ss(d, hw_desc(a_tile + (kk / 4) * (R * 128) + 64 * wg * 128 + 32 * (kk % 4), 16, 1024), db,
+                        kk > 0);
+        }
+    }
+    hw_commit();
+}
+
+constexpr int HWB_DKDV_STAGES = 4;  // Q / dO stages of the dK/dV kernel (dK's wgmma may run into the next item)
+constexpr int HWB_DQ_STAGES = 3;    // K / V stages of the dQ kernel
 
 template <int HD, int BQ>
 constexpr size_t attention_backward_dkdv_hopper_smem_bytes() {
-    return sizeof(__nv_bfloat16) * HD * (2 * HW_ROWS + 2 * HWB_STAGES * BQ) + sizeof(float) * 2 * HWB_STAGES * BQ +
-           1024;
+    constexpr int S = HWB_DKDV_STAGES;
+    return sizeof(__nv_bfloat16) * HD * (2 * HW_ROWS + 2 * S * BQ) + sizeof(float) * 2 * S * BQ + 1024;
 }
 
 // dK, dV for one (b, kv head, tile of 128 keys). grid (B * KV, ceil(T / 128)), block 256. BQ: queries per item.
-template <int HD, int BQ>
+// AREG: the warpgroup's K and V rows stay in registers as A fragments (S^T, dP^T then read only Q, dO from shared
+// memory: half the shared-memory traffic of those products), at the cost of HD / 2 registers per thread.
+template <int HD, int BQ, bool AREG>
 __global__ void __launch_bounds__(HW_THREADS, 1)
     attention_backward_dkdv_hopper_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
                                           const float* lse, const float* delta, int T, int H, int KV, float scale,
                                           float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int ROWS = HW_ROWS, S = HWB_STAGES;
+    constexpr int ROWS = HW_ROWS, S = HWB_DKDV_STAGES;
     constexpr int KBYTES = ROWS * HD * 2, QBYTES = BQ * HD * 2;
     static_assert(ROWS % BQ == 0 && BQ % 16 == 0, "query tiles must start at the key tile's first key");
     extern __shared__ uint8_t hw_smem_raw[];
@@ -565,42 +605,48 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
     float dk[HD / 2], dv[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) dk[i] = dv[i] = 0.0f;
+    uint32_t ka[AREG ? HD / 16 : 1][4], va[AREG ? HD / 16 : 1][4];  // K, V rows as A fragments (AREG)
+    uint32_t dsa[BQ / 16][4];  // dS^T as bf16 A registers, read by dK's wgmma, which runs into the next item
 
     for (int it = 0; it < n_items; it++) {
         // Groups committed so far: items 0 .. it + 1 (one per iteration, possibly empty). All but the newest: it.
         atc_cp_async_wait<1>();
         hw_fence_proxy_async();
-        __syncthreads();  // item it visible to all; everyone is done with item it - 1, whose stage is refilled next
+        // Item it visible to all; everyone is done with item it - 2 (its dK wgmma was waited for in item it - 1),
+        // whose stage is refilled next.
+        __syncthreads();
         if (it + 2 < n_items) issue(it + 2);
         atc_cp_async_commit();
+        if constexpr (AREG) {
+            if (it == 0) {
+                hw_load_a_frags<HD, ROWS>(ka, smem_ptr, wg);
+                hw_load_a_frags<HD, ROWS>(va, smem_ptr + KBYTES, wg);
+            }
+        }
 
         const int stage = it % S, q0 = k0 + (it % n_q) * BQ;
-        if (q0 + BQ - 1 < kwg) continue;  // warpgroup-uniform: every query of the tile precedes every key
+        if (q0 + BQ - 1 < kwg) {  // warpgroup-uniform: every query of the tile precedes every key
+            hw_wait<0>();  // the previous item's dK must be done before its stage is refilled (next iteration)
+            hw_fence_regs(dsa);
+            hw_fence_regs(dk);
+            continue;
+        }
         const uint32_t q_st = q_sm + stage * QBYTES, do_st = do_sm + stage * QBYTES;
         const float* lse_t = lse_s + stage * BQ;
         const float* D_t = D_s + stage * BQ;
 
-        // S^T = K Q^T and dP^T = V dO^T: the k16 slice kk of d is column block kk / 4, bytes 32 (kk % 4) of a row.
+        // S^T = K Q^T and dP^T = V dO^T, one commit group each.
         float s[BQ / 2], dp[BQ / 2];
         hw_fence();
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            const uint32_t off = (kk / 4) * (ROWS * 128) + 64 * wg * 128 + 32 * (kk % 4);
-            hw_wgmma_ss(s, hw_desc(k_sm + off, 16, 1024), hw_desc(q_st + (kk / 4) * (BQ * 128) + 32 * (kk % 4), 16, 1024),
-                        kk > 0);
-        }
-        hw_commit();
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            const uint32_t off = (kk / 4) * (ROWS * 128) + 64 * wg * 128 + 32 * (kk % 4);
-            hw_wgmma_ss(dp, hw_desc(v_sm + off, 16, 1024),
-                        hw_desc(do_st + (kk / 4) * (BQ * 128) + 32 * (kk % 4), 16, 1024), kk > 0);
-        }
-        hw_commit();
+        hw_scores<HD, ROWS, BQ, AREG>(s, k_sm, ka, q_st, wg);
+        hw_scores<HD, ROWS, BQ, AREG>(dp, v_sm, va, do_st, wg);
 
-        // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2.
+        // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2. Outstanding: the previous
+        // item's dK, S^T, dP^T: all but the newest (dP^T) done.
         hw_wait<1>();
         hw_fence_regs(s);
+        hw_fence_regs(dsa);  // the previous item's dK is done with them
+        hw_fence_regs(dk);
         const bool need_mask = kwg + 63 > q0 || q0 + BQ > T;
 #pragma unroll
         for (int i = 0; i < BQ / 2; i++) {
@@ -612,6 +658,7 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
             }
             s[i] = p;
         }
+        // dV += P^T dO: B = the dO tile, MN-major; its k16 slice kk (queries 16 kk ..) starts at row 16 kk.
         uint32_t pa[BQ / 16][4];
         hw_acc_to_a<BQ>(pa, s);
         hw_fence_regs(pa);
@@ -621,12 +668,11 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
         for (int kk = 0; kk < BQ / 16; kk++) hw_wgmma_rs(dv, pa[kk], hw_desc(do_st + 2048 * kk, BQ * 128, 1024), 1);
         hw_commit();
 
-        // dS^T (dP^T is done once only the dV group may be outstanding).
+        // dS^T (dP^T is done once only the dV group may be outstanding), then dK += dS^T Q.
         hw_wait<1>();
         hw_fence_regs(dp);
 #pragma unroll
         for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
-        uint32_t dsa[BQ / 16][4];
         hw_acc_to_a<BQ>(dsa, dp);
         hw_fence_regs(dsa);
         hw_fence_regs(dk);
@@ -634,10 +680,13 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) hw_wgmma_rs(dk, dsa[kk], hw_desc(q_st + 2048 * kk, BQ * 128, 1024), 1);
         hw_commit();
-        hw_wait<0>();  // P^T, dS^T registers and this stage free again
-        hw_fence_regs(dk);
+        hw_wait<1>();  // dV done; dK runs on into the next item
+        hw_fence_regs(pa);
         hw_fence_regs(dv);
     }
+    hw_wait<0>();
+    hw_fence_regs(dsa);
+    hw_fence_regs(dk);
 
     // Each warpgroup read only its own 64 rows of K and V: after its last wait they stage its results.
     __nv_bfloat16* dqkv_b = dqkv + (size_t)b * T * stride;
@@ -650,17 +699,18 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
 
 template <int HD, int BN>
 constexpr size_t attention_backward_dq_hopper_smem_bytes() {
-    return sizeof(__nv_bfloat16) * HD * (2 * HW_ROWS + 2 * HWB_STAGES * BN) + 1024;
+    return sizeof(__nv_bfloat16) * HD * (2 * HW_ROWS + 2 * HWB_DQ_STAGES * BN) + 1024;
 }
 
 // dQ for one (b, h, tile of 128 queries). grid (B * H, ceil(T / 128)), block 256. BN: keys per K / V tile.
-template <int HD, int BN>
+// AREG: the warpgroup's Q and dO rows stay in registers as A fragments (as in the dK/dV kernel).
+template <int HD, int BN, bool AREG>
 __global__ void __launch_bounds__(HW_THREADS, 1)
     attention_backward_dq_hopper_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
                                         const float* lse, const float* delta, int T, int H, int KV, float scale,
                                         float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int ROWS = HW_ROWS, S = HWB_STAGES;
+    constexpr int ROWS = HW_ROWS, S = HWB_DQ_STAGES;
     constexpr int QBYTES = ROWS * HD * 2, TBYTES = BN * HD * 2;
     static_assert(ROWS % BN == 0, "key tiles must tile the query tile");
     extern __shared__ uint8_t hw_smem_raw[];
@@ -703,6 +753,7 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
     float dq[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) dq[i] = 0.0f;
+    uint32_t qa[AREG ? HD / 16 : 1][4], doa[AREG ? HD / 16 : 1][4];  // Q, dO rows as A fragments (AREG)
 
     for (int j = 0; j < n_tiles; j++) {
         atc_cp_async_wait<1>();
@@ -710,27 +761,22 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
         __syncthreads();  // tile j visible to all; everyone is done with tile j - 1, whose stage is refilled next
         if (j + 2 < n_tiles) issue(j + 2);
         atc_cp_async_commit();
+        if constexpr (AREG) {
+            if (j == 0) {
+                hw_load_a_frags<HD, ROWS>(qa, smem_ptr, wg);
+                hw_load_a_frags<HD, ROWS>(doa, smem_ptr + QBYTES, wg);
+            }
+        }
 
         const int k0 = j * BN;
         if (k0 > qwg + 63) continue;  // warpgroup-uniform: every key of the tile follows every query
         const uint32_t k_st = k_sm + (j % S) * TBYTES, v_st = v_sm + (j % S) * TBYTES;
 
+        // S = Q K^T and dP = dO V^T, one commit group each.
         float s[BN / 2], dp[BN / 2];
         hw_fence();
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            const uint32_t off = (kk / 4) * (ROWS * 128) + 64 * wg * 128 + 32 * (kk % 4);
-            hw_wgmma_ss(s, hw_desc(q_sm + off, 16, 1024), hw_desc(k_st + (kk / 4) * (BN * 128) + 32 * (kk % 4), 16, 1024),
-                        kk > 0);
-        }
-        hw_commit();
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            const uint32_t off = (kk / 4) * (ROWS * 128) + 64 * wg * 128 + 32 * (kk % 4);
-            hw_wgmma_ss(dp, hw_desc(do_sm + off, 16, 1024),
-                        hw_desc(v_st + (kk / 4) * (BN * 128) + 32 * (kk % 4), 16, 1024), kk > 0);
-        }
-        hw_commit();
+        hw_scores<HD, ROWS, BN, AREG>(s, q_sm, qa, k_st, wg);
+        hw_scores<HD, ROWS, BN, AREG>(dp, do_sm, doa, v_st, wg);
 
         // P. Element i: query row0 + 8 ((i / 2) % 2), key k0 + 8 (i / 4) + c + i % 2. Keys >= T need no test of
         // their own: they follow every valid query.
@@ -744,6 +790,7 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
             if (need_mask && k0 + 8 * (i / 4) + c + i % 2 > row0 + 8 * r) p = 0.0f;
             s[i] = p;
         }
+        // dS, then dQ += dS K: B = the K tile, MN-major; its k16 slice kk (keys 16 kk ..) starts at row 16 kk.
         hw_wait<0>();
         hw_fence_regs(dp);
 #pragma unroll
@@ -757,6 +804,7 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
         for (int kk = 0; kk < BN / 16; kk++) hw_wgmma_rs(dq, dsa[kk], hw_desc(k_st + 2048 * kk, BN * 128, 1024), 1);
         hw_commit();
         hw_wait<0>();
+        hw_fence_regs(dsa);
         hw_fence_regs(dq);
     }
 
@@ -824,29 +872,32 @@ inline bool attention_forward_hopper(floatX* out, float* lse, const floatX* qkv,
     return true;
 }
 
-// Backward tile configurations (queries per dK/dV item, keys per dQ tile) per head dim: the best measured on an H200
-// (dev/cuda/attention_backward.cu, "sweep").
-constexpr int HWB_BQ_64 = 64, HWB_BN_64 = 64, HWB_BQ_128 = 64, HWB_BN_128 = 64;
+// Backward configurations per head dim (queries per dK/dV item, keys per dQ tile, stationary operands in registers):
+// the best measured on an H200 (dev/cuda/attention_backward.cu, "sweep").
+constexpr int HWB_BQ_64 = 64, HWB_BN_64 = 128, HWB_BQ_128 = 64, HWB_BN_128 = 64;
+// AREG: K / V in registers in the dK/dV kernel, Q / dO in the dQ kernel. Measured and not taken: K / V at hd 64 (210
+// vs 217 TFLOP/s); at hd 128 they do not fit in the registers beside dK and dV.
+constexpr bool HWB_AREG_KV_64 = false, HWB_AREG_Q_64 = false, HWB_AREG_KV_128 = false, HWB_AREG_Q_128 = true;
 
 // One backward configuration (D included), no checks: attention_backward_hopper runs the chosen one,
 // dev/cuda/attention_backward.cu also times others.
-template <int HD, int BQ, int BN>
+template <int HD, int BQ, int BN, bool AREG_KV, bool AREG_Q>
 inline void attention_backward_hopper_cfg(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
                                           const floatX* out, const float* lse, int B, int T, int H, int KV,
                                           cudaStream_t stream) {
     static bool dkdv_smem_set = false, dq_smem_set = false;
     const size_t dkdv_smem = attention_backward_dkdv_hopper_smem_bytes<HD, BQ>();
     const size_t dq_smem = attention_backward_dq_hopper_smem_bytes<HD, BN>();
-    attention_set_smem(attention_backward_dkdv_hopper_kernel<HD, BQ>, dkdv_smem, dkdv_smem_set);
-    attention_set_smem(attention_backward_dq_hopper_kernel<HD, BN>, dq_smem, dq_smem_set);
+    attention_set_smem(attention_backward_dkdv_hopper_kernel<HD, BQ, AREG_KV>, dkdv_smem, dkdv_smem_set);
+    attention_set_smem(attention_backward_dq_hopper_kernel<HD, BN, AREG_Q>, dq_smem, dq_smem_set);
     attention_delta(delta, dout, out, B, T, H, HD, stream);
     const float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * ATTN_LOG2E;
     dim3 dkdv_grid(B * KV, ceil_div(T, HW_ROWS));
-    attention_backward_dkdv_hopper_kernel<HD, BQ><<<dkdv_grid, HW_THREADS, dkdv_smem, stream>>>(
+    attention_backward_dkdv_hopper_kernel<HD, BQ, AREG_KV><<<dkdv_grid, HW_THREADS, dkdv_smem, stream>>>(
         dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
     cudaCheckLaunch();
     dim3 dq_grid(B * H, ceil_div(T, HW_ROWS));
-    attention_backward_dq_hopper_kernel<HD, BN><<<dq_grid, HW_THREADS, dq_smem, stream>>>(
+    attention_backward_dq_hopper_kernel<HD, BN, AREG_Q><<<dq_grid, HW_THREADS, dq_smem, stream>>>(
         dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
     cudaCheckLaunch();
 }
@@ -863,11 +914,11 @@ inline bool attention_backward_hopper(floatX* dqkv, float* delta_scratch, const 
     if (!attention_hopper_usable()) return false;
     attention_check_args("attention_backward_hopper", B, T, n_heads, n_kv_heads, head_dim);
     if (head_dim == 64) {
-        attention_backward_hopper_cfg<64, HWB_BQ_64, HWB_BN_64>(dqkv, delta_scratch, dout, qkv, out, lse, B, T,
-                                                                n_heads, n_kv_heads, stream);
+        attention_backward_hopper_cfg<64, HWB_BQ_64, HWB_BN_64, HWB_AREG_KV_64, HWB_AREG_Q_64>(
+            dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, stream);
     } else {
-        attention_backward_hopper_cfg<128, HWB_BQ_128, HWB_BN_128>(dqkv, delta_scratch, dout, qkv, out, lse, B, T,
-                                                                   n_heads, n_kv_heads, stream);
+        attention_backward_hopper_cfg<128, HWB_BQ_128, HWB_BN_128, HWB_AREG_KV_128, HWB_AREG_Q_128>(
+            dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, stream);
     }
     return true;
 }

@@ -149,27 +149,32 @@ static void backward_tc_config(floatX* dqkv, float* delta, const floatX* dout, c
                                const float* lse, int B, int T, int H, int KV, int hd) {
 #if !defined(ENABLE_FP32)
     if (hd == 64) {
-        return attention_backward_tc_cfg<64, QMT64, QBN64, KMT64, KBQ64, KW64, SKEW>(dqkv, delta, dout, qkv, out, lse, B, T, H,
-                                                                         KV, 0);
+        return attention_backward_tc_cfg<64, QMT64, QBN64, KMT64, KBQ64, KW64, SKEW>(dqkv, delta, dout, qkv, out,
+                                                                                     lse, B, T, H, KV, 0);
     }
     if (hd == 128) {
-        return attention_backward_tc_cfg<128, QMT128, QBN128, KMT128, KBQ128, KW128, SKEW>(dqkv, delta, dout, qkv, out, lse, B, T,
-                                                                              H, KV, 0);
+        return attention_backward_tc_cfg<128, QMT128, QBN128, KMT128, KBQ128, KW128, SKEW>(dqkv, delta, dout, qkv,
+                                                                                           out, lse, B, T, H, KV, 0);
     }
 #endif
     attention_backward_scalar(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
 }
 
-// Hopper (wgmma) configurations as version entries: <BQ, BN> for hd 64 and for hd 128; where the Hopper kernels do
-// not apply, attention_backward's choice.
-template <int BQ64, int BN64, int BQ128, int BN128>
+// Hopper (wgmma) configurations as version entries: <BQ, BN> for hd 64 and for hd 128, then AREG (K / V in the dK/dV
+// kernel, Q / dO in the dQ kernel) for hd 64 and for hd 128; where the Hopper kernels do not apply,
+// attention_backward's choice.
+template <int BQ64, int BN64, int BQ128, int BN128, bool AKV64, bool AQ64, bool AKV128, bool AQ128>
 static void backward_hopper_config(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv, const floatX* out,
                                    const float* lse, int B, int T, int H, int KV, int hd) {
 #if !defined(ENABLE_FP32)
     if ((hd == 64 || hd == 128) && attention_hopper_usable()) {
         attention_check_args("backward_hopper_config", B, T, H, KV, hd);
-        if (hd == 64) return attention_backward_hopper_cfg<64, BQ64, BN64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, 0);
-        return attention_backward_hopper_cfg<128, BQ128, BN128>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, 0);
+        if (hd == 64) {
+            return attention_backward_hopper_cfg<64, BQ64, BN64, AKV64, AQ64>(dqkv, delta, dout, qkv, out, lse, B, T,
+                                                                              H, KV, 0);
+        }
+        return attention_backward_hopper_cfg<128, BQ128, BN128, AKV128, AQ128>(dqkv, delta, dout, qkv, out, lse, B, T,
+                                                                               H, KV, 0);
     }
 #endif
     attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
@@ -205,8 +210,21 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
             backward_tc_config<2, 64, 0, 64, 2, 32, 0, 64, 8, 8, false>(dqkv, delta, dout, qkv, out, lse, B, T, H,
                                                                          KV, hd);
             break;
-        case 105:  // Hopper: dQ with 128 keys per tile
-            backward_hopper_config<64, 128, 64, 128>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
+        case 105:  // Hopper, no operand in registers; dQ with 64 keys per tile at hd 64
+            backward_hopper_config<64, 64, 64, 64, false, false, false, false>(dqkv, delta, dout, qkv, out, lse, B, T,
+                                                                               H, KV, hd);
+            break;
+        case 106:  // Hopper, no operand in registers
+            backward_hopper_config<64, 128, 64, 64, false, false, false, false>(dqkv, delta, dout, qkv, out, lse, B,
+                                                                                T, H, KV, hd);
+            break;
+        case 107:  // Hopper, K / V in registers only (hd 64 dK/dV)
+            backward_hopper_config<64, 128, 64, 64, true, false, false, false>(dqkv, delta, dout, qkv, out, lse, B, T,
+                                                                               H, KV, hd);
+            break;
+        case 108:  // Hopper, Q / dO in registers in the dQ kernel, both head dims; K / V at hd 64
+            backward_hopper_config<64, 128, 64, 64, true, true, false, true>(dqkv, delta, dout, qkv, out, lse, B, T, H,
+                                                                             KV, hd);
             break;
 #endif
         default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
@@ -304,7 +322,9 @@ int main(int argc, char** argv) {
     require_gpu(argv[0]);  // clear message and exit 1 without a GPU
     std::vector<int> versions(std::begin(VERSIONS), std::end(VERSIONS));
     if (argc > 1 && strcmp(argv[1], "sweep") == 0) {  // tile configurations: spot validation, then timing
-        for (int cfg : {101, 102, 103, 104, 105}) {
+        std::vector<int> cfgs = {101, 102, 103, 104, 105, 106, 107, 108};
+        if (argc > 2) cfgs = {atoi(argv[2])};
+        for (int cfg : cfgs) {
             uint64_t seed = 7;
             for (int hd : {64, 128}) {
                 validate_shape(cfg, {2, 257, 8, 2, hd}, seed++);

@@ -165,7 +165,8 @@ static void time_shape(int version, int N, int C, int OC) {
     cudaCheck(cudaMalloc(&d_dinp, (size_t)N * C * sizeof(floatX)));
     const double flops = 2.0 * N * (double)C * OC;  // per product
     float ms_fwd = benchmark_ms(10, [&] { matmul_forward_gpu(version, d_out, d_inp, d_w, N, C, OC); });
-    float ms_dinp = benchmark_ms(10, [&] { matmul_backward_gpu(version, d_dinp, nullptr, d_dout, d_inp, d_w, N, C, OC); });
+    float ms_dinp =
+        benchmark_ms(10, [&] { matmul_backward_gpu(version, d_dinp, nullptr, d_dout, d_inp, d_w, N, C, OC); });
     float ms_dw = benchmark_ms(10, [&] { matmul_backward_gpu(version, nullptr, d_dw, d_dout, d_inp, d_w, N, C, OC); });
     printf("  N=%d C=%d OC=%d\n", N, C, OC);
     printf("    forward   %8.3f ms  %7.2f TFLOP/s\n", ms_fwd, flops / (ms_fwd * 1e-3) / 1e12);
@@ -179,12 +180,83 @@ static void time_shape(int version, int N, int C, int OC) {
     cudaCheck(cudaFree(d_dinp));
 }
 
+// Experiment (./matmul 1 algos): for one product of the trainer's shapes, times every algorithm cuBLASLt's heuristic
+// offers (up to 16, same preferences as matmul.cuh) and prints the heuristic's first choice against the fastest.
+static void time_algos(const char* name, floatX* d, const floatX* a, const floatX* b, int m, int n, int k,
+                       bool trans_a, bool trans_b, float beta) {
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasCheck(cublasLtMatrixLayoutCreate(&la, MATMUL_DATA_TYPE, a_rows, a_cols, a_rows));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, MATMUL_DATA_TYPE, b_rows, b_cols, b_rows));
+    cublasCheck(cublasLtMatrixLayoutCreate(&ld, MATMUL_DATA_TYPE, m, n, m));
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t workspace = MATMUL_WORKSPACE_BYTES;
+    uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                     sizeof(workspace)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction_mask,
+                                                     sizeof(reduction_mask)));
+    cublasLtMatmulHeuristicResult_t results[16];
+    int n_found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(g_cublaslt_handle, desc, la, lb, ld, ld, pref, 16, results, &n_found));
+    const double flops = 2.0 * m * (double)n * k;
+    const float alpha = 1.0f;
+    float first = 0.0f, best = 1e30f;
+    int best_i = -1;
+    for (int i = 0; i < n_found; i++) {
+        if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        float ms = benchmark_ms(10, [&] {
+            cublasCheck(cublasLtMatmul(g_cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
+                                       &results[i].algo, g_cublaslt_workspace, MATMUL_WORKSPACE_BYTES, 0));
+        });
+        if (i == 0) first = ms;
+        if (ms < best) best = ms, best_i = i;
+    }
+    printf("    %-8s heuristic #0 %7.2f TFLOP/s | best of %2d: #%d %7.2f TFLOP/s\n", name,
+           flops / (first * 1e-3) / 1e12, n_found, best_i, flops / (best * 1e-3) / 1e12);
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    cublasCheck(cublasLtMatrixLayoutDestroy(la));
+    cublasCheck(cublasLtMatrixLayoutDestroy(lb));
+    cublasCheck(cublasLtMatrixLayoutDestroy(ld));
+    cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+
+static void time_algos_shape(int N, int C, int OC) {
+    floatX* d_inp = device_random<floatX>((size_t)N * C, 11, 1.0f);
+    floatX* d_w = device_random<floatX>((size_t)OC * C, 12, 0.02f);
+    floatX* d_dout = device_random<floatX>((size_t)N * OC, 13, 1.0f);
+    floatX* d_dw = device_random<floatX>((size_t)OC * C, 14, 0.02f);
+    floatX *d_out, *d_dinp;
+    cudaCheck(cudaMalloc(&d_out, (size_t)N * OC * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_dinp, (size_t)N * C * sizeof(floatX)));
+    printf("  N=%d C=%d OC=%d\n", N, C, OC);
+    time_algos("forward", d_out, d_w, d_inp, OC, N, C, true, false, 0.0f);  // the calls of matmul.cuh
+    time_algos("dinp", d_dinp, d_w, d_dout, C, N, OC, false, false, 0.0f);
+    time_algos("dweight", d_dw, d_inp, d_dout, C, OC, N, false, true, 1.0f);
+    for (void* p : {(void*)d_inp, (void*)d_w, (void*)d_dout, (void*)d_dw, (void*)d_out, (void*)d_dinp}) {
+        cudaCheck(cudaFree(p));
+    }
+}
+
 int main(int argc, char** argv) {
     require_gpu(argv[0]);  // clear message and exit 1 without a GPU
     const int version = argc > 1 ? atoi(argv[1]) : 1;
     printf("matmul version %d (%s)\n", version, PRECISION_NAME);
     matmul_init(0);
 
+    if (argc > 2 && strcmp(argv[2], "algos") == 0) {
+        printf("llama3.2-1B shapes: qkv, wo, w13, w2, lm_head; every algorithm the heuristic offers\n");
+        for (auto s : {std::array<int, 2>{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048}, {2048, 128256}})
+            time_algos_shape(16384, s[0], s[1]);
+        matmul_destroy();
+        return 0;
+    }
     validate_shape(version, 37, 48, 259, 100);    // odd sizes: no dimension a multiple of 8
     validate_shape(version, 1, 3, 5, 200);        // degenerate: a single token
     validate_shape(version, 256, 2048, 6144, 300);  // realistic (a QKV projection of a 2048-wide model)
