@@ -41,7 +41,8 @@
 //   * the scalar CUDA-core kernels (section "Scalar path"): fp32 builds and head dims other than 64 / 128;
 //   * the tensor-core kernels (section "Tensor-core path", FlashAttention-2 style, mma.sync m16n8k16 bf16 with fp32
 //     accumulation): bf16 builds with head_dim 64 or 128. Their design is described at the top of that section;
-//   * for the forward at head_dim 128 on Hopper (sm_90a), the wgmma kernel of attention_hopper.cuh, tried first.
+//   * on Hopper (sm_90a builds on compute capability 9.0), the wgmma kernels of attention_hopper.cuh, tried first:
+//     the forward at head_dim 128, the backward at head_dim 64 and 128.
 // All compute the same math above and write the same outputs; attention_forward_scalar / _tc and
 // attention_backward_scalar / _tc are also callable directly (dev/cuda benchmarks compare them).
 #pragma once
@@ -1611,10 +1612,10 @@ inline void attention_backward_tc(floatX* dqkv, float* delta_scratch, const floa
     }
 }
 #endif  // !ENABLE_FP32
-#include "attention_hopper.cuh"  // the Hopper (sm_90a, wgmma) forward for head_dim 128; uses the helpers above
+#include "attention_hopper.cuh"  // the Hopper (sm_90a, wgmma) kernels; uses the helpers above
 // ----------------------------------------------------------------------------------------------------------------
-// Public entry points: the Hopper wgmma forward where it applies (bf16, head_dim 128, sm_90a), then the tensor-core
-// path (bf16, head_dim 64 or 128), the scalar path otherwise.
+// Public entry points: the Hopper wgmma kernels where they apply (bf16, sm_90a; forward head_dim 128, backward 64 and
+// 128), then the tensor-core path (bf16, head_dim 64 or 128), the scalar path otherwise.
 
 // out (B, T, H hd) and lse (B, H, T) fp32, both OVERWRITTEN, from qkv (B, T, (H + 2 KV) hd).
 inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int n_heads, int n_kv_heads,

@@ -1,19 +1,24 @@
-// Causal GQA attention forward for Hopper (sm_90a): wgmma tensor cores, head_dim 128, bf16 builds only.
+// Causal GQA attention forward and backward for Hopper (sm_90a): wgmma tensor cores, bf16 builds only. Forward:
+// head_dim 128; backward: head_dim 64 and 128.
 //
-// Same contract as attention_forward in attention.cuh (math, layouts, lse definition are described there): qkv
-// (B, T, (H + 2 KV) hd) -> out (B, T, H hd), lse (B, H, T) fp32 = log-sum-exp of each row of scaled scores. This
+// Same contracts as attention_forward / attention_backward in attention.cuh (math, layouts, lse definition are
+// described there): qkv (B, T, (H + 2 KV) hd) -> out (B, T, H hd), lse (B, H, T) fp32 = log-sum-exp of each row of
+// scaled scores; backward: dqkv from dout, qkv, out, lse, deterministic (every output element has one writer). This
 // file is included by attention.cuh after its tensor-core section, whose helpers it reuses (cp.async, bf16 packing,
-// attention_set_smem, ATTN_LOG2E / ATTN_LN2); it is not a standalone header. attention_forward tries
-// attention_forward_hopper first and falls back to the mma.sync kernel (or the scalar one) when it returns false.
+// attention_set_smem, attention_delta, ATTN_LOG2E / ATTN_LN2); it is not a standalone header. attention_forward and
+// attention_backward try attention_forward_hopper / attention_backward_hopper first and fall back to the mma.sync
+// kernels (or the scalar ones) when they return false.
 //
-// Why a second forward: mma.sync (attention.cuh's tensor-core path) tops out near 290 TFLOP/s on an H200, because a
-// warp of 16 or 32 rows re-reads K and V fragments from shared memory through registers for every mma. Hopper's
-// wgmma lets a warpgroup (4 warps, 64 rows) multiply straight out of shared memory, asynchronously: 417 / 443
-// TFLOP/s at hd 128 (B, T = 2, 4096 / 1, 8192; H 32, KV 8) against 280 / 288. At hd 64 it was no faster than
-// mma.sync (too little matmul per tile to hide the softmax), so hd 64 stays on attention.cuh's kernel. History, the
-// variants tried and what limits this kernel: dev/cuda/attention_forward.cu, "Versions".
+// Why a second implementation: mma.sync (attention.cuh's tensor-core path) tops out near 290 TFLOP/s on an H200,
+// because a warp of 16 or 32 rows re-reads K and V fragments from shared memory through registers for every mma.
+// Hopper's wgmma lets a warpgroup (4 warps, 64 rows) multiply straight out of shared memory, asynchronously. Forward:
+// 417 / 443 TFLOP/s at hd 128 (B, T = 2, 4096 / 1, 8192; H 32, KV 8) against 280 / 288; at hd 64 it was no faster
+// than mma.sync (too little matmul per tile to hide the softmax), so the hd 64 forward stays on attention.cuh's
+// kernel. Backward (section "Backward kernels"): 217 / 338 / 356 TFLOP/s against 167 / 209 / 219 for mma.sync at
+// (B, T, hd) = (4, 2048, 64) / (2, 4096, 128) / (1, 8192, 128). History, the variants tried and what limits the
+// kernels: dev/cuda/attention_forward.cu and attention_backward.cu, "Versions".
 //
-// Design in brief (details in the comments below):
+// Forward, in brief (details in the comments below):
 //   * Warpgroups: a CTA of 256 threads = 2 consumer warpgroups of 64 query rows each (128 queries per CTA), sharing
 //     K / V tiles of 128 keys; S = Q K^T is wgmma m64n128k16 with Q and K read from shared memory by descriptor, O +=
 //     P V is wgmma m64nHDk16 with P fed from registers (the score accumulator, converted to bf16 in place).
@@ -26,8 +31,11 @@
 // The kernel is templated on (HD, NH, PP) so dev/cuda/attention_forward.cu can time the variants it was chosen from;
 // attention_forward_hopper runs the chosen one, <128, 1, true>.
 //
-// Builds: the kernel's body exists only when compiled for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL, the Makefiles' choice
-// for GPU_COMPUTE_CAPABILITY=90); for any other target it compiles to a trap, and the host side never launches it
+// Backward, in brief: the same two-kernel split as attention.cuh's (dK/dV per key tile, dQ per query tile), on the
+// same warpgroups, swizzle and descriptors; described at "Backward kernels".
+//
+// Builds: the kernels' bodies exist only when compiled for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL, the Makefiles' choice
+// for GPU_COMPUTE_CAPABILITY=90); for any other target they compile to a trap, and the host side never launches them
 // (it checks that the device is compute capability 9.0 and that the kernel image loaded for it is sm_90 code).
 #pragma once
 
@@ -447,23 +455,28 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
 //
 // dK/dV: CTA = 128 keys x (kv head, batch) = 2 warpgroups of 64 keys (256 threads); K and V (128 x HD) stay in smem.
 // Work items are (query head of the group, query tile of BQ from the diagonal), in a fixed order; Q, dO tiles and
-// their lse, D stream through 3 cp.async stages, two items ahead. Per item and warpgroup (rows = its 64 keys,
+// their lse, D stream through 4 cp.async stages, two items ahead. Per item and warpgroup (rows = its 64 keys,
 // columns = the BQ queries, all fp32 accumulators):
 //   S^T = K Q^T, dP^T = V dO^T        wgmma m64nBQk16, A and B from smem descriptors (both K-major), two groups
 //   P^T = exp2(S^T scale log2 e - lse log2 e), 0 where key > query or query >= T; bf16 A registers
 //   dV += P^T dO                      wgmma m64nHDk16, A from registers, B = dO tile MN-major ("transpose B")
 //   dS^T = P^T o (dP^T - D); bf16 A registers
-//   dK += dS^T Q                      wgmma m64nHDk16, as dV
+//   dK += dS^T Q                      wgmma m64nHDk16, as dV; left running into the next item, whose S^T wait
+//                                     covers it (hence the 4th stage: the item's Q tile stays untouched meanwhile)
 // dK times scale at the store. A warpgroup whose keys all follow the tile's queries skips the item.
-// Registers (HD 128, BQ 64): dK, dV 2 x 64 + S^T, dP^T 2 x 32 + P^T, dS^T 2 x 16 per thread.
+// Registers (HD 128, BQ 64): dK, dV 2 x 64 + S^T, dP^T 2 x 32 + P^T, dS^T 2 x 16 per thread (254 in all, no spill).
 //
 // dQ: CTA = 128 queries x (head, batch) = 2 warpgroups of 64 queries; Q and dO stay in smem; K, V tiles of BN keys
 // stream through 3 stages up to the causal diagonal. Per tile and warpgroup:
-//   S = Q K^T, dP = dO V^T            wgmma m64nBNk16 (smem descriptors)
+//   S = Q K^T, dP = dO V^T            wgmma m64nBNk16; at HD 128 the warpgroup's Q and dO rows are held in registers
+//                                     as A fragments (AREG: only K, V are read from smem)
 //   P = exp2(S scale log2 e - lse log2 e), 0 where key > query; dS = P o (dP - D); bf16 A registers
 //   dQ += dS K                        wgmma m64nHDk16, B = K tile MN-major
 // dQ times scale at the store.
 // Both kernels stage their bf16 results through their own (dead) rows of the resident tiles for 16-byte stores.
+// The two warpgroups synchronise once per item / tile (__syncthreads, before a stage is refilled) and otherwise
+// drift, so one's exponentials overlap the other's matmuls; making them take turns (the forward's ping-pong) measured
+// slower here.
 
 // Stores a warpgroup's 64 x HD fp32 accumulator (times mult) as bf16 to global rows r0 .. r0 + 63 (skipping rows
 // >= T; dst: row 0, column 0 of the head), staged through rows 64 wg .. 64 wg + 63 of a swizzled smem tile of R rows

@@ -32,9 +32,9 @@
 //       queries per tile; hd 64 spills 48 bytes): 128-137 at hd 64; dK/dV hd 128 with 32 queries per tile: 194, 200;
 //       dQ hd 128 with MT 1: 191, 198 (64 keys), 183, 186 (32 keys); dQ hd 64 with 32 keys: 166; dK/dV hd 64 with 32
 //       queries: 148. dK/dV with MT 2 at hd 128 would need 256 accumulator registers: out of reach in this design.
-//   v4: attention_backward (what the trainer runs; v3 stays as a fixed entry): for hd 128 the dK/dV kernel is the
-//       8-warp attention_backward_dkdv_tc8_kernel (FA2's backward layout): 128 keys per CTA, warp pairs share 32 keys;
-//       the two warps of a pair split S^T / dP^T by query halves and dK / dV by column halves (HD fp32 accumulator
+//   v4: attention_backward_tc (what the trainer ran until v5; v3 stays as a fixed entry): for hd 128 the dK/dV
+//       kernel is the 8-warp attention_backward_dkdv_tc8_kernel (FA2's backward layout): 128 keys per CTA, warp
+//       pairs share 32 keys; the two warps of a pair split S^T / dP^T by query halves and dK / dV by column halves (HD fp32 accumulator
 //       registers each, as before), exchanging P^T, dS^T through smem (stmatrix, pair barrier): ~2.5 mma per
 //       ldmatrix instead of ~1.8. 64 queries per tile, 3 stages, one CTA per SM, 255 registers (8 bytes spilled),
 //       207.5 KiB smem. Pairs 2, 3 run half a step behind pairs 0, 1 (they finish item it - 1 before scoring item
@@ -59,6 +59,27 @@
 //       271.6 -> 273.2 (noise). The skew buys nothing here: the dQ kernel's two CTAs per SM already drift apart
 //       (the dK/dV gain came from replacing one lockstep CTA per SM), and the larger query tile wastes more work
 //       at the diagonal.
+//   v4 is kept as a fixed entry (attention_backward_tc: the mma.sync kernels as configured above).
+//   v5: attention_backward (what the trainer runs): on Hopper, attention_backward_hopper (llmc/attention_hopper.cuh,
+//       sm_90a, hd 64 and 128; elsewhere v4's path). The same deterministic two-kernel split with wgmma: 2 warpgroups
+//       of 64 rows per CTA, 128-byte-swizzled smem tiles read by descriptors, P^T / dS^T (dS in the dQ kernel) fed
+//       to the next wgmma from registers. dK/dV: 128 keys per CTA, items of 64 queries through 4 cp.async stages, dK's
+//       wgmma left running into the next item. dQ: 128 queries per CTA, K / V tiles of 128 keys (hd 64) or 64 keys
+//       (hd 128, with Q and dO held in registers as A fragments). Registers: dK/dV 203 (hd 64) / 254 (hd 128), dQ 214
+//       / 246, no spills. Measured on an NVIDIA H200:
+//         (4, 2048, 32, 8, 64):  217 TFLOP/s   (v4 167)
+//         (2, 4096, 32, 8, 128): 338 TFLOP/s   (v4 209)
+//         (1, 8192, 32, 8, 128): 356 TFLOP/s   (v4 219)
+//       Steps (same three shapes, each line one H200 session): first version (3 stages, dK waited for within its
+//       item, dQ with 64-key tiles): 202 / 318 / 333; + dK running into the next item (4 stages): 211 / 331 / 338;
+//       + 128-key dQ tiles at hd 64: 217 / 330 / 344; + Q, dO in registers in the hd 128 dQ kernel: 217 / 338 / 356.
+//       Tried and not kept (./attention_backward sweep): the forward's ping-pong (warpgroups take turns issuing,
+//       named barriers) in both kernels: 197 / 318 / 333 alone, 201 / 313 / 328 with the deferred dK (the enforced
+//       alternation costs more than it overlaps); K and V in registers in the hd 64 dK/dV kernel (halves its smem
+//       reads for S^T, dP^T): 210 vs 217; Q, dO in registers at hd 64: 209 vs 210. At hd 64 the softmax work per
+//       item is as large as at hd 128 for half the matmul, so the exponentials (twice per score: once per kernel)
+//       limit it; the next steps would be one pass (dQ by ordered fp32 accumulation across key tiles, FA3's
+//       deterministic mode) and a producer warp with TMA.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu

@@ -8,7 +8,8 @@
 // version 2: rope_forward / rope_backward = llmc/rope.cuh as the trainer runs it: one thread per 16-byte chunk
 //            (int4 of q/k, float4 of {cos, sin}), 32-bit index math, whenever hd % (16 / sizeof(floatX)) == 0;
 //            the pair kernel otherwise (hd 6 and 2 here). Same fp32 math, so bit-identical to version 1 (checked).
-//   measured: (pending, H200)
+//   measured on an NVIDIA H200 (B=8 T=2048 H=32 KV=8 hd=64, bf16): v1 0.114 ms (1477 GB/s forward, 1483 backward),
+//   v2 0.046 / 0.047 ms (3636 / 3562 GB/s): 2.5x, near the HBM bandwidth.
 //
 // The table comes from checkpoint.h's rope_tables (with and without Llama 3.1 scaling), interleaved by
 // rope_interleave_tables, exactly as the trainer builds it. T = 13 and B = 3 make n % T wrap at odd places; the table
