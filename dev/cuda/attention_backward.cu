@@ -37,9 +37,9 @@
 //       pairs share 32 keys; the two warps of a pair split S^T / dP^T by query halves and dK / dV by column halves
 //       (HD fp32 accumulator registers each, as before), exchanging P^T, dS^T through smem (stmatrix, pair barrier):
 //       ~2.5 mma per ldmatrix instead of ~1.8. 64 queries per tile, 3 stages, one CTA per SM, 255 registers (8 bytes
-//       spilled), 207.5 KiB smem. Pairs 2, 3 run half a step behind pairs 0, 1 (they finish item it - 1 before scoring item
-//       it), so the two warps of an SM sub-partition do not reach the exponentials together. hd 64 keeps v3's
-//       kernels. dQ unchanged. Measured on an NVIDIA H200 (same session as the v3 line below):
+//       spilled), 207.5 KiB smem. Pairs 2, 3 run half a step behind pairs 0, 1 (they finish item it - 1 before
+//       scoring item it), so the two warps of an SM sub-partition do not reach the exponentials together. hd 64 keeps
+//       v3's kernels. dQ unchanged. Measured on an NVIDIA H200 (same session as the v3 line below):
 //         (4, 2048, 32, 8, 64):  167 TFLOP/s   (v3 167)
 //         (2, 4096, 32, 8, 128): 209 TFLOP/s   (v3 205)
 //         (1, 8192, 32, 8, 128): 219 TFLOP/s   (v3 212)
