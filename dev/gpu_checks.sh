@@ -35,7 +35,7 @@ fi
 if [[ $stages == *bench* ]]; then
     make -B -j16 train_llama3cu PRECISION=BF16 > /dev/null || status=1
     python3 scripts/bench_vs_pytorch.py --train data/tinyshakespeare/tiny_shakespeare_train.bin --out "$OUT" \
-        --extra "" --extra "-R 0" --extra "-W 0 -O bf16" --extra "-W 0 -O bf16 -R 0" > "$OUT/bench.log" 2>&1 || status=1
+        --extra "" --extra "-O bf16" --extra "-W 0 -O bf16" --extra "-W 0 -O bf16 -R 0" > "$OUT/bench.log" 2>&1 || status=1
     tail -10 "$OUT/bench.log"
     python3 dev/cuda/attention_vs_pytorch.py --iters 20 > "$OUT/attention_vs_pytorch.log" 2>&1 || status=1
     tail -8 "$OUT/attention_vs_pytorch.log"
