@@ -64,13 +64,14 @@ inline void* g_cublaslt_workspace = nullptr;
 //
 // Choosing: the heuristic's first answer is not always the fastest (on an H200 other candidates it offers run some
 // of the Llama 3.2 1B products 4-9% faster; dev/cuda/matmul.cu "algos"). So for products that overwrite D (beta = 0:
-// the forward and dinp), the first call times up to MATMUL_CANDIDATES of the heuristic's answers on its own operands
-// and keeps the fastest among those whose output is bit-identical to the first answer's (compared by an
-// order-independent 64-bit hash of D), then writes D with the winner. Results are thus exactly those of the
-// heuristic's first choice, whichever candidate wins the timing (runs stay bit-reproducible, tie-outs unchanged):
-// only candidates that sum in the same order qualify, and a candidate that splits the reduction differently shows up
-// as a different hash. dweight (beta = 1, accumulating into D) keeps the first answer: timing it would need a copy
-// of D.
+// the forward and dinp), the first call times those of up to MATMUL_CANDIDATES answers that compute every output
+// element exactly as the first answer does, on its own operands, and keeps the fastest. Runs must stay
+// bit-reproducible whichever candidate wins the timing, so a candidate qualifies only if it is the same kernel
+// (algorithm id) as the first answer, neither splits the reduction (split-K 1: the sum over k runs in one order),
+// so that they differ only in tiling, pipelining and CTA order, and its output on this call is bit-identical to the
+// first answer's (an order-independent 64-bit hash of D). The hash alone would not do: bf16 rounding hides most
+// differences of summation order on one input (a split-K candidate passed it on a small model and then diverged).
+// dweight (beta = 1, accumulating into D) keeps the first answer: timing it would need a copy of D.
 constexpr int MATMUL_CANDIDATES = 8;
 
 struct MatmulKey {
@@ -191,8 +192,19 @@ inline cublasLtMatmulAlgo_t matmul_algo(cublasLtMatmulDesc_t desc, cublasLtMatri
     cublasCheck(candidates[0].state);
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
 
+    // Same kernel as the first answer, no split reduction (see the comment above MATMUL_CANDIDATES).
+    auto config = [](const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+        uint32_t value = 0;  // CONFIG_ID is an int, SPLITK_NUM a uint32: both 4 bytes
+        size_t written = 0;
+        cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written));
+        return value;
+    };
+    auto same_order = [&](const cublasLtMatmulAlgo_t& algo) {
+        return config(algo, CUBLASLT_ALGO_CONFIG_ID) == config(candidates[0].algo, CUBLASLT_ALGO_CONFIG_ID) &&
+               config(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) == 1;
+    };
     int chosen = 0;
-    if (may_time && n_found > 1) {
+    if (may_time && n_found > 1 && same_order(candidates[0].algo)) {
         const size_t count = (size_t)m * n;
         run(candidates[0].algo);
         const unsigned long long reference = matmul_output_hash(d, count, stream);
@@ -201,7 +213,7 @@ inline cublasLtMatmulAlgo_t matmul_algo(cublasLtMatmulDesc_t desc, cublasLtMatri
         cudaCheck(cudaEventCreate(&stop));
         float best_ms = 0.0f;
         for (int i = 0; i < n_found; i++) {
-            if (candidates[i].state != CUBLAS_STATUS_SUCCESS) continue;
+            if (candidates[i].state != CUBLAS_STATUS_SUCCESS || !same_order(candidates[i].algo)) continue;
             run(candidates[i].algo);  // warm-up, and the output to compare
             if (i > 0 && matmul_output_hash(d, count, stream) != reference) continue;
             cudaCheck(cudaEventRecord(start, stream));

@@ -84,6 +84,7 @@
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
 // Run:   ./attention_backward [version]     (no argument: every version; the fp32 build has only v1)
+//        ./attention_backward 5 check       (validation only, no timing: for compute-sanitizer)
 //        ./attention_backward sweep         (bf16: other tile configurations, spot-validated and timed)
 #include "common.h"
 
@@ -393,6 +394,7 @@ int main(int argc, char** argv) {
         validate_shape(version, {1, 703, 8, 2, 64}, seed++);
     }
 
+    if (argc > 2 && strcmp(argv[2], "check") == 0) return finish(argv[0]);  // validation only (for sanitizers)
     printf("timing (TFLOP/s = 2.5 x 2 B H T^2 hd / time)\n");
     for (int version : versions) {
         time_shape(version, {4, 2048, 32, 8, 64});

@@ -215,6 +215,17 @@ static void time_algos(const char* name, floatX* d, const floatX* a, const float
             cublasCheck(cublasLtMatmul(g_cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
                                        &results[i].algo, g_cublaslt_workspace, MATMUL_WORKSPACE_BYTES, 0));
         });
+        int config[5] = {};  // algorithm id, tile, stages, split-K, CTA swizzling
+        const cublasLtMatmulAlgoConfigAttributes_t attrs[5] = {
+            CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
+            CUBLASLT_ALGO_CONFIG_SPLITK_NUM, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING};
+        for (int j = 0; j < 5; j++) {
+            size_t written = 0;
+            cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, attrs[j], &config[j], sizeof(int),
+                                                             &written));
+        }
+        printf("      #%d id %3d tile %3d stages %3d split-K %2d swizzle %d: %7.2f TFLOP/s\n", i, config[0], config[1],
+               config[2], config[3], config[4], flops / (ms * 1e-3) / 1e12);
         if (i == 0) first = ms;
         if (ms < best) best = ms, best_i = i;
     }
