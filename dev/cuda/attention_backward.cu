@@ -73,13 +73,13 @@
 //       Steps (same three shapes, each line one H200 session): first version (3 stages, dK waited for within its
 //       item, dQ with 64-key tiles): 202 / 318 / 333; + dK running into the next item (4 stages): 211 / 331 / 338;
 //       + 128-key dQ tiles at hd 64: 217 / 330 / 344; + Q, dO in registers in the hd 128 dQ kernel: 217 / 338 / 356.
-//       Tried and not kept (./attention_backward sweep): the forward's ping-pong (warpgroups take turns issuing,
-//       named barriers) in both kernels: 197 / 318 / 333 alone, 201 / 313 / 328 with the deferred dK (the enforced
-//       alternation costs more than it overlaps); K and V in registers in the hd 64 dK/dV kernel (halves its smem
-//       reads for S^T, dP^T): 210 vs 217; Q, dO in registers at hd 64: 209 vs 210. At hd 64 the softmax work per
-//       item is as large as at hd 128 for half the matmul, so the exponentials (twice per score: once per kernel)
-//       limit it; the next steps would be one pass (dQ by ordered fp32 accumulation across key tiles, FA3's
-//       deterministic mode) and a producer warp with TMA.
+//       Tried and not kept (./attention_backward sweep): the forward's ping-pong (warpgroups take turns issuing, named
+//       barriers) in both kernels: 197 / 318 / 333 alone, 201 / 313 / 328 with the deferred dK (the enforced
+//       alternation costs more than it overlaps); K and V in registers in the hd 64 dK/dV kernel (halves its smem reads
+//       for S^T, dP^T, but ptxas serialises its wgmmas, C7515): 210 vs 217; Q, dO in registers at hd 64: 209 vs 210. At
+//       hd 64 the softmax work per item is as large as at hd 128 for half the matmul, so the exponentials (twice per
+//       score: once per kernel) limit it; the next steps would be one pass (dQ by ordered fp32 accumulation across key
+//       tiles, FA3's deterministic mode) and a producer warp with TMA.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
