@@ -155,29 +155,34 @@ static void validate_shape(int version, int N, int C, int OC, uint64_t seed, int
     cudaCheck(cudaFree(d_dinp));
 }
 
+// Random operands and outputs of one shape's three products (out = inp w^T, dinp = dout w, dw += dout^T inp).
+struct ShapeBuffers {
+    floatX *inp, *w, *dout, *dw, *out, *dinp;
+    ShapeBuffers(int N, int C, int OC) {
+        inp = device_random<floatX>((size_t)N * C, 11, 1.0f);
+        w = device_random<floatX>((size_t)OC * C, 12, 0.02f);
+        dout = device_random<floatX>((size_t)N * OC, 13, 1.0f);
+        dw = device_random<floatX>((size_t)OC * C, 14, 0.02f);
+        cudaCheck(cudaMalloc(&out, (size_t)N * OC * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&dinp, (size_t)N * C * sizeof(floatX)));
+    }
+    ~ShapeBuffers() {
+        for (floatX* p : {inp, w, dout, dw, out, dinp}) cudaCheck(cudaFree(p));
+    }
+};
+
 static void time_shape(int version, int N, int C, int OC) {
-    floatX* d_inp = device_random<floatX>((size_t)N * C, 11, 1.0f);
-    floatX* d_w = device_random<floatX>((size_t)OC * C, 12, 0.02f);
-    floatX* d_dout = device_random<floatX>((size_t)N * OC, 13, 1.0f);
-    floatX* d_dw = device_random<floatX>((size_t)OC * C, 14, 0.02f);
-    floatX *d_out, *d_dinp;
-    cudaCheck(cudaMalloc(&d_out, (size_t)N * OC * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&d_dinp, (size_t)N * C * sizeof(floatX)));
+    ShapeBuffers buf(N, C, OC);
     const double flops = 2.0 * N * (double)C * OC;  // per product
-    float ms_fwd = benchmark_ms(10, [&] { matmul_forward_gpu(version, d_out, d_inp, d_w, N, C, OC); });
-    float ms_dinp =
-        benchmark_ms(10, [&] { matmul_backward_gpu(version, d_dinp, nullptr, d_dout, d_inp, d_w, N, C, OC); });
-    float ms_dw = benchmark_ms(10, [&] { matmul_backward_gpu(version, nullptr, d_dw, d_dout, d_inp, d_w, N, C, OC); });
+    float ms_fwd = benchmark_ms(10, [&] { matmul_forward_gpu(version, buf.out, buf.inp, buf.w, N, C, OC); });
+    float ms_dinp = benchmark_ms(
+        10, [&] { matmul_backward_gpu(version, buf.dinp, nullptr, buf.dout, buf.inp, buf.w, N, C, OC); });
+    float ms_dw = benchmark_ms(
+        10, [&] { matmul_backward_gpu(version, nullptr, buf.dw, buf.dout, buf.inp, buf.w, N, C, OC); });
     printf("  N=%d C=%d OC=%d\n", N, C, OC);
     printf("    forward   %8.3f ms  %7.2f TFLOP/s\n", ms_fwd, flops / (ms_fwd * 1e-3) / 1e12);
     printf("    dinp      %8.3f ms  %7.2f TFLOP/s\n", ms_dinp, flops / (ms_dinp * 1e-3) / 1e12);
     printf("    dweight   %8.3f ms  %7.2f TFLOP/s\n", ms_dw, flops / (ms_dw * 1e-3) / 1e12);
-    cudaCheck(cudaFree(d_inp));
-    cudaCheck(cudaFree(d_w));
-    cudaCheck(cudaFree(d_dout));
-    cudaCheck(cudaFree(d_dw));
-    cudaCheck(cudaFree(d_out));
-    cudaCheck(cudaFree(d_dinp));
 }
 
 // Experiment (./matmul 1 algos): for one product of the trainer's shapes, times every algorithm cuBLASLt's heuristic
@@ -239,20 +244,11 @@ static void time_algos(const char* name, floatX* d, const floatX* a, const float
 }
 
 static void time_algos_shape(int N, int C, int OC) {
-    floatX* d_inp = device_random<floatX>((size_t)N * C, 11, 1.0f);
-    floatX* d_w = device_random<floatX>((size_t)OC * C, 12, 0.02f);
-    floatX* d_dout = device_random<floatX>((size_t)N * OC, 13, 1.0f);
-    floatX* d_dw = device_random<floatX>((size_t)OC * C, 14, 0.02f);
-    floatX *d_out, *d_dinp;
-    cudaCheck(cudaMalloc(&d_out, (size_t)N * OC * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&d_dinp, (size_t)N * C * sizeof(floatX)));
+    ShapeBuffers buf(N, C, OC);
     printf("  N=%d C=%d OC=%d\n", N, C, OC);
-    time_algos("forward", d_out, d_w, d_inp, OC, N, C, true, false, 0.0f);  // the calls of matmul.cuh
-    time_algos("dinp", d_dinp, d_w, d_dout, C, N, OC, false, false, 0.0f);
-    time_algos("dweight", d_dw, d_inp, d_dout, C, OC, N, false, true, 1.0f);
-    for (void* p : {(void*)d_inp, (void*)d_w, (void*)d_dout, (void*)d_dw, (void*)d_out, (void*)d_dinp}) {
-        cudaCheck(cudaFree(p));
-    }
+    time_algos("forward", buf.out, buf.w, buf.inp, OC, N, C, true, false, 0.0f);  // the calls of matmul.cuh
+    time_algos("dinp", buf.dinp, buf.w, buf.dout, C, N, OC, false, false, 0.0f);
+    time_algos("dweight", buf.dw, buf.inp, buf.dout, C, OC, N, false, true, 1.0f);
 }
 
 int main(int argc, char** argv) {
