@@ -28,12 +28,15 @@ __device__ __forceinline__ unsigned int adamw_hash32(unsigned int x) {
     return x;
 }
 
-// Random bits for element `index` of one update: seed and step pick the stream, the 64-bit index the position.
-__device__ __forceinline__ unsigned int adamw_random_bits(unsigned int seed, unsigned int step, size_t index) {
-    unsigned int h = adamw_hash32(seed ^ 0x9e3779b9U);
-    h = adamw_hash32(h ^ step);
-    h = adamw_hash32(h ^ (unsigned int)(index >> 32));
-    return adamw_hash32(h ^ (unsigned int)index);
+// Random bits for stochastic rounding: a stream per (seed, step), mixed once per thread, then one hash per element
+// and use. The index's high half (non-zero only past 2^32 elements) is folded in by a multiply, not a third hash:
+// the optimizer is one of the few memory-bound kernels whose integer work shows (4 hashes per draw made the bf16
+// state path compute-bound).
+__device__ __forceinline__ unsigned int adamw_stream(unsigned int seed, unsigned int step) {
+    return adamw_hash32(adamw_hash32(seed ^ 0x9e3779b9U) ^ step);
+}
+__device__ __forceinline__ unsigned int adamw_random_bits(unsigned int stream, size_t index) {
+    return adamw_hash32(stream ^ (unsigned int)index ^ ((unsigned int)(index >> 32) * 0x9e3779b9U));
 }
 
 // Rounds x to bf16 up or down with probability proportional to its distance to each neighbour: bf16 is the top
@@ -66,17 +69,21 @@ template <typename State>
 __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, State* m, State* v, size_t n,
                              float beta1, float beta2, float step_size, float sqrt_bc2, float decay, float eps,
                              float grad_scale, unsigned int seed, unsigned int step) {
+    // Two streams: one for the parameter, one whose low and high 16 bits round m and v (bf16 state only; with fp32
+    // state the bits are unused and the compiler drops them).
+    const unsigned int param_stream = adamw_stream(seed, step), state_stream = adamw_stream(seed ^ 0x6d6d7676u, step);
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float g = to_float(grads[i]) * grad_scale;
         float p = master != nullptr ? master[i] : to_float(params[i]);
         float mi = beta1 * to_float(m[i]) + (1.0f - beta1) * g;
         float vi = beta2 * to_float(v[i]) + (1.0f - beta2) * g * g;
-        adamw_store_state(m + i, mi, adamw_random_bits(seed ^ 0x6d6d6d6du, step, i));
-        adamw_store_state(v + i, vi, adamw_random_bits(seed ^ 0x76767676u, step, i));
+        const unsigned int state_bits = adamw_random_bits(state_stream, i);
+        adamw_store_state(m + i, mi, state_bits);
+        adamw_store_state(v + i, vi, state_bits >> 16);
         p *= decay;
         p -= step_size * (mi / (sqrtf(vi) / sqrt_bc2 + eps));
         if (master != nullptr) master[i] = p;
-        adamw_store_param(params + i, p, adamw_random_bits(seed, step, i));
+        adamw_store_param(params + i, p, adamw_random_bits(param_stream, i));
     }
 }
 

@@ -122,7 +122,7 @@ static void test_case(size_t n, bool use_master, uint64_t seed) {
 // value's position between its two bf16 neighbours.
 __global__ void stochastic_round_test_kernel(float* out, float x, size_t n, unsigned int seed) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = __bfloat162float(stochastic_round_bf16(x, adamw_random_bits(seed, 1u, i)));
+    if (i < n) out[i] = __bfloat162float(stochastic_round_bf16(x, adamw_random_bits(adamw_stream(seed, 1u), i)));
 }
 
 static void test_stochastic_rounding(float x) {
