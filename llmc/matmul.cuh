@@ -63,16 +63,21 @@ inline void* g_cublaslt_workspace = nullptr;
 // shape keeps results bit-identical from step to step.
 //
 // Choosing: the heuristic's first answer is not always the fastest (on an H200 other candidates it offers run some
-// of the Llama 3.2 1B products 4-9% faster; dev/cuda/matmul.cu "algos"). So for products that overwrite D (beta = 0:
-// the forward and dinp), the first call times those of up to MATMUL_CANDIDATES answers that compute every output
-// element exactly as the first answer does, on its own operands, and keeps the fastest. Runs must stay
-// bit-reproducible whichever candidate wins the timing, so a candidate qualifies only if it is the same kernel
-// (algorithm id) as the first answer, neither splits the reduction (split-K 1: the sum over k runs in one order),
-// so that they differ only in tiling, pipelining and CTA order, and its output on this call is bit-identical to the
-// first answer's (an order-independent 64-bit hash of D). The hash alone would not do: bf16 rounding hides most
-// differences of summation order on one input (a split-K candidate passed it on a small model and then diverged).
+// of the Llama 3.2 1B products 3-9% faster; dev/cuda/matmul.cu "algos"). So for products that overwrite D (beta = 0:
+// the forward and dinp), the first call times up to MATMUL_CANDIDATES answers on its own operands and keeps the
+// fastest among those that compute every output element exactly as the first answer does, so that runs stay
+// bit-reproducible whichever candidate wins the timing. A candidate qualifies when
+//   * it is the same kernel (algorithm id) as the first answer and neither splits the reduction (split-K 1);
+//     candidates then differ in tile, stages, custom option and cluster shape, and
+//   * its output on this call is bit-identical to the first answer's (an order-independent 64-bit hash of D), on
+//     an output of at least MATMUL_MIN_TIMED elements: a kernel that sums in another order then differs somewhere
+//     with near certainty. On small outputs bf16 rounding can hide a different order (a split-K candidate passed
+//     the hash on a test model's 128-row products and diverged later), and small products are not worth timing.
 // dweight (beta = 1, accumulating into D) keeps the first answer: timing it would need a copy of D.
+// dev/cuda/matmul.cu "algos" lists, per 1B product, each candidate's configuration, whether its output is
+// bit-identical to the first answer's, and its speed.
 constexpr int MATMUL_CANDIDATES = 8;
+constexpr size_t MATMUL_MIN_TIMED = 1 << 20;
 
 struct MatmulKey {
     int m, n, k;
@@ -143,8 +148,28 @@ inline unsigned long long matmul_output_hash(const floatX* d, size_t count, cuda
     return hash;
 }
 
+// One configuration attribute of an algorithm (they are 2- or 4-byte integers), widened.
+inline uint64_t matmul_algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+    size_t size = 0;
+    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, nullptr, 0, &size));
+    uint64_t value = 0;
+    if (size > sizeof(value)) {
+        fprintf(stderr, "matmul: algorithm attribute %d has %zu bytes\n", (int)attr, size);
+        fail_exit();
+    }
+    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, size, &size));
+    return value;
+}
+
+// Whether two algorithms are the same kernel (algorithm id) and neither splits the reduction.
+inline bool matmul_same_kernel_unsplit(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
+    return matmul_algo_config(a, CUBLASLT_ALGO_CONFIG_ID) == matmul_algo_config(b, CUBLASLT_ALGO_CONFIG_ID) &&
+           matmul_algo_config(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) == 1 &&
+           matmul_algo_config(b, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) == 1;
+}
+
 // Chooses the algorithm for `key` (see above) the first time, looks it up afterwards. run(algo) issues the product
-// with that algorithm on `stream`; d, count: its output, used for the hash; may_time: whether runs may be repeated
+// with that algorithm on `stream`; d: its output (m x n), used for the hash; may_time: whether runs may be repeated
 // (beta = 0).
 template <typename Run>
 inline cublasLtMatmulAlgo_t matmul_algo(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t layout_a,
@@ -192,20 +217,9 @@ inline cublasLtMatmulAlgo_t matmul_algo(cublasLtMatmulDesc_t desc, cublasLtMatri
     cublasCheck(candidates[0].state);
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
 
-    // Same kernel as the first answer, no split reduction (see the comment above MATMUL_CANDIDATES).
-    auto config = [](const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
-        uint32_t value = 0;  // CONFIG_ID is an int, SPLITK_NUM a uint32: both 4 bytes
-        size_t written = 0;
-        cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written));
-        return value;
-    };
-    auto same_order = [&](const cublasLtMatmulAlgo_t& algo) {
-        return config(algo, CUBLASLT_ALGO_CONFIG_ID) == config(candidates[0].algo, CUBLASLT_ALGO_CONFIG_ID) &&
-               config(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) == 1;
-    };
     int chosen = 0;
-    if (may_time && n_found > 1 && same_order(candidates[0].algo)) {
-        const size_t count = (size_t)m * n;
+    const size_t count = (size_t)m * n;
+    if (may_time && n_found > 1 && count >= MATMUL_MIN_TIMED) {
         run(candidates[0].algo);
         const unsigned long long reference = matmul_output_hash(d, count, stream);
         cudaEvent_t start, stop;
@@ -213,7 +227,8 @@ inline cublasLtMatmulAlgo_t matmul_algo(cublasLtMatmulDesc_t desc, cublasLtMatri
         cudaCheck(cudaEventCreate(&stop));
         float best_ms = 0.0f;
         for (int i = 0; i < n_found; i++) {
-            if (candidates[i].state != CUBLAS_STATUS_SUCCESS || !same_order(candidates[i].algo)) continue;
+            if (candidates[i].state != CUBLAS_STATUS_SUCCESS) continue;
+            if (!matmul_same_kernel_unsplit(candidates[i].algo, candidates[0].algo)) continue;
             run(candidates[i].algo);  // warm-up, and the output to compare
             if (i > 0 && matmul_output_hash(d, count, stream) != reference) continue;
             cudaCheck(cudaEventRecord(start, stream));

@@ -166,6 +166,8 @@ struct ShapeBuffers {
         cudaCheck(cudaMalloc(&out, (size_t)N * OC * sizeof(floatX)));
         cudaCheck(cudaMalloc(&dinp, (size_t)N * C * sizeof(floatX)));
     }
+    ShapeBuffers(const ShapeBuffers&) = delete;
+    ShapeBuffers& operator=(const ShapeBuffers&) = delete;
     ~ShapeBuffers() {
         for (floatX* p : {inp, w, dout, dw, out, dinp}) cudaCheck(cudaFree(p));
     }
@@ -186,7 +188,8 @@ static void time_shape(int version, int N, int C, int OC) {
 }
 
 // Experiment (./matmul 1 algos): for one product of the trainer's shapes, times every algorithm cuBLASLt's heuristic
-// offers (up to 16, same preferences as matmul.cuh) and prints the heuristic's first choice against the fastest.
+// offers (up to 16; matmul.cuh's workspace and reduction preferences, no alignment preferences: cudaMalloc'd buffers
+// are 256-byte aligned) and prints the heuristic's first choice against the fastest.
 static void time_algos(const char* name, floatX* d, const floatX* a, const floatX* b, int m, int n, int k,
                        bool trans_a, bool trans_b, float beta) {
     cublasLtMatmulDesc_t desc;
@@ -210,27 +213,37 @@ static void time_algos(const char* name, floatX* d, const floatX* a, const float
     cublasLtMatmulHeuristicResult_t results[16];
     int n_found = 0;
     cublasCheck(cublasLtMatmulAlgoGetHeuristic(g_cublaslt_handle, desc, la, lb, ld, ld, pref, 16, results, &n_found));
+    cublasCheck(results[0].state);  // the first answer is the reference of the printout
     const double flops = 2.0 * m * (double)n * k;
     const float alpha = 1.0f;
     float first = 0.0f, best = 1e30f;
     int best_i = -1;
+    unsigned long long first_hash = 0;
+    printf("      algorithm id, tile, stages, split-K, reduction, swizzle, custom, inner shape, cluster shape\n");
     for (int i = 0; i < n_found; i++) {
         if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
         float ms = benchmark_ms(10, [&] {
             cublasCheck(cublasLtMatmul(g_cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
                                        &results[i].algo, g_cublaslt_workspace, MATMUL_WORKSPACE_BYTES, 0));
         });
-        int config[5] = {};  // algorithm id, tile, stages, split-K, CTA swizzling
-        const cublasLtMatmulAlgoConfigAttributes_t attrs[5] = {
+        const cublasLtMatmulAlgoConfigAttributes_t attrs[] = {
             CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
-            CUBLASLT_ALGO_CONFIG_SPLITK_NUM, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING};
-        for (int j = 0; j < 5; j++) {
-            size_t written = 0;
-            cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, attrs[j], &config[j], sizeof(int),
-                                                             &written));
+            CUBLASLT_ALGO_CONFIG_SPLITK_NUM, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
+            CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID,
+            CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
+        // Its output, compared with the first answer's (for beta = 1 both accumulate onto what D holds: compare
+        // the products of a fresh D instead, so only beta = 0 products get a verdict).
+        const char* same_bits = "-  ";
+        if (beta == 0.0f) {
+            const unsigned long long hash = matmul_output_hash(d, (size_t)m * n, 0);
+            if (i == 0) first_hash = hash;
+            same_bits = hash == first_hash ? "yes" : "no ";
         }
-        printf("      #%d id %3d tile %3d stages %3d split-K %2d swizzle %d: %7.2f TFLOP/s\n", i, config[0], config[1],
-               config[2], config[3], config[4], flops / (ms * 1e-3) / 1e12);
+        printf("      #%d", i);
+        for (auto attr : attrs) printf(" %3llu", (unsigned long long)matmul_algo_config(results[i].algo, attr));
+        printf(" | same kernel, unsplit: %s | same bits: %s | %7.2f TFLOP/s\n",
+               matmul_same_kernel_unsplit(results[i].algo, results[0].algo) ? "yes" : "no ", same_bits,
+               flops / (ms * 1e-3) / 1e12);
         if (i == 0) first = ms;
         if (ms < best) best = ms, best_i = i;
     }
@@ -259,8 +272,9 @@ int main(int argc, char** argv) {
 
     if (argc > 2 && strcmp(argv[2], "algos") == 0) {
         printf("llama3.2-1B shapes: qkv, wo, w13, w2, lm_head; every algorithm the heuristic offers\n");
-        for (auto s : {std::array<int, 2>{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048}, {2048, 128256}})
+        for (auto s : {std::array<int, 2>{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048}, {2048, 128256}}) {
             time_algos_shape(16384, s[0], s[1]);
+        }
         matmul_destroy();
         return 0;
     }
@@ -275,11 +289,13 @@ int main(int argc, char** argv) {
     time_shape(version, 16384, 2048, 8192);
     if (argc > 2) {  // ./matmul 1 model: the trainer's shapes (B*T = 16384): d12, then llama3.2-1B
         printf("d12 shapes: qkv, wo, w13, w2, lm_head\n");
-        for (auto s : {std::array<int, 2>{768, 1280}, {768, 768}, {768, 4096}, {2048, 768}, {768, 128256}})
+        for (auto s : {std::array<int, 2>{768, 1280}, {768, 768}, {768, 4096}, {2048, 768}, {768, 128256}}) {
             time_shape(version, 16384, s[0], s[1]);
+        }
         printf("llama3.2-1B shapes: qkv, wo, w13, w2, lm_head\n");
-        for (auto s : {std::array<int, 2>{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048}, {2048, 128256}})
+        for (auto s : {std::array<int, 2>{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048}, {2048, 128256}}) {
             time_shape(version, 16384, s[0], s[1]);
+        }
     }
 
     matmul_destroy();
