@@ -42,9 +42,10 @@
 #if !defined(ENABLE_FP32)
 
 #include <cstdint>
+#include <initializer_list>
 
 // ----------------------------------------------------------------------------------------------------------------
-// Kernel
+// Forward kernel, and the wgmma conventions the backward kernels share
 //
 // Instruction: wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16, issued by a warpgroup (4 consecutive warps,
 // 128 threads): D (64 x N fp32, registers) += A (64 x 16) B (16 x N). B always comes from shared memory through a
@@ -92,7 +93,7 @@
 // registers: S 64 + O 64 + P 32 fp32/b32 per thread, bounded at 255 (256 threads, 1 CTA per SM).
 
 constexpr int HW_THREADS = 256;  // 2 warpgroups
-constexpr int HW_ROWS = 128;     // queries per CTA (64 per warpgroup)
+constexpr int HW_ROWS = 128;     // rows per CTA, 64 per warpgroup: queries (keys in the dK/dV kernel)
 constexpr int HW_BN = 128;       // keys per K / V tile
 
 __device__ __forceinline__ void hw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -468,8 +469,8 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
 //
 // dQ: CTA = 128 queries x (head, batch) = 2 warpgroups of 64 queries; Q and dO stay in smem; K, V tiles of BN keys
 // stream through 3 stages up to the causal diagonal. Per tile and warpgroup:
-//   S = Q K^T, dP = dO V^T            wgmma m64nBNk16; at HD 128 the warpgroup's Q and dO rows are held in registers
-//                                     as A fragments (AREG: only K, V are read from smem)
+//   S = Q K^T, dP = dO V^T            wgmma m64nBNk16; with AREG (the HD 128 choice) the warpgroup's Q and dO rows
+//                                     are held in registers as A fragments, so only K, V are read from smem
 //   P = exp2(S scale log2 e - lse log2 e), 0 where key > query; dS = P o (dP - D); bf16 A registers
 //   dQ += dS K                        wgmma m64nHDk16, B = K tile MN-major
 // dQ times scale at the store.
@@ -573,7 +574,8 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int ROWS = HW_ROWS, S = HWB_DKDV_STAGES;
     constexpr int KBYTES = ROWS * HD * 2, QBYTES = BQ * HD * 2;
-    static_assert(ROWS % BQ == 0 && BQ % 16 == 0, "query tiles must start at the key tile's first key");
+    static_assert(ROWS % BQ == 0, "query tiles must start at the key tile's first key");
+    static_assert(BQ == 64 || BQ == 128, "S^T, dP^T are wgmma m64nBQk16 with N = 64 or 128 (hw_wgmma_ss overloads)");
     extern __shared__ uint8_t hw_smem_raw[];
     const uint32_t smem = (atc_smem_u32(hw_smem_raw) + 1023u) & ~1023u;
     const uint32_t k_sm = smem;                      // K (128 x HD), swizzled
@@ -832,10 +834,11 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
 // ----------------------------------------------------------------------------------------------------------------
 // Host side
 
-// True when the kernel can run on the current device: compute capability 9.0 (H100 / H200; wgmma is sm_90a-only,
-// later architectures do not run sm_90a code), and the kernel image the runtime picked for it is sm_90 machine code
-// (not, say, an sm_80 image or PTX JIT-compiled from an older target, where the body above is a trap). Cached per
-// device: both queries are host-side, but need not be repeated every layer.
+// True when the kernels of this file can run on the current device: compute capability 9.0 (H100 / H200; wgmma is
+// sm_90a-only, later architectures do not run sm_90a code), and the kernel image the runtime picked is sm_90 machine
+// code (not, say, an sm_80 image or PTX JIT-compiled from an older target, where the bodies are traps). The forward
+// kernel's image stands for all of them: they are compiled together. Cached per device: both queries are host-side,
+// but need not be repeated every layer.
 inline bool attention_hopper_usable() {
     static int cached_device = -1;
     static bool cached_usable = false;
@@ -854,6 +857,15 @@ inline bool attention_hopper_usable() {
         cached_device = device;
     }
     return cached_usable;
+}
+
+// The kernels move rows in 16-byte chunks (cp.async loads, int4 stores): row strides are multiples of 8 elements, so
+// 16-byte aligned base pointers suffice.
+inline bool hw_aligned16(std::initializer_list<const void*> pointers) {
+    for (const void* p : pointers) {
+        if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+    }
+    return true;
 }
 
 // One kernel configuration (HD 64 or 128; NH, PP as above), no checks: attention_forward_hopper runs the chosen one,
@@ -877,8 +889,7 @@ inline void attention_forward_hopper_cfg(floatX* out, float* lse, const floatX* 
 inline bool attention_forward_hopper(floatX* out, float* lse, const floatX* qkv, int B, int T, int n_heads,
                                      int n_kv_heads, int head_dim, cudaStream_t stream) {
     if (head_dim != 128) return false;
-    // 16-byte cp.async loads and int4 stores of rows: row strides are multiples of 8 elements, so aligned bases do.
-    if (reinterpret_cast<uintptr_t>(out) % 16 != 0 || reinterpret_cast<uintptr_t>(qkv) % 16 != 0) return false;
+    if (!hw_aligned16({out, qkv})) return false;
     if (!attention_hopper_usable()) return false;
     attention_check_args("attention_forward_hopper", B, T, n_heads, n_kv_heads, head_dim);
     attention_forward_hopper_cfg<128, 1, true>(out, lse, qkv, B, T, n_heads, n_kv_heads, stream);
@@ -921,9 +932,7 @@ inline bool attention_backward_hopper(floatX* dqkv, float* delta_scratch, const 
                                       const floatX* out, const float* lse, int B, int T, int n_heads, int n_kv_heads,
                                       int head_dim, cudaStream_t stream) {
     if (head_dim != 64 && head_dim != 128) return false;
-    for (const void* p : {(const void*)dqkv, (const void*)dout, (const void*)qkv}) {
-        if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-    }
+    if (!hw_aligned16({dqkv, dout, qkv})) return false;
     if (!attention_hopper_usable()) return false;
     attention_check_args("attention_backward_hopper", B, T, n_heads, n_kv_heads, head_dim);
     if (head_dim == 64) {

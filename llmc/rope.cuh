@@ -15,7 +15,7 @@
 // - rope_chunk_kernel (used whenever hd % VEC16 == 0, e.g. hd 64 and 128): one thread per 16-byte chunk of a head,
 //   VEC16 elements = VEC16/2 pairs (4 in bf16, 2 in fp32), loaded and stored as one int4, with its {cos, sin} as
 //   float4s. RoPE is memory-bound: 16 bytes per thread instead of 4 (bf16) means 4x fewer threads, instructions and
-//   (now 32-bit) index divisions per byte moved, and a warp's consecutive chunks cover 512 bytes, fully coalesced.
+//   32-bit index divisions per byte moved, and a warp's consecutive chunks cover 512 bytes, fully coalesced.
 // - rope_pair_kernel (the fallback for any other even hd, e.g. 2 and 6): one thread per pair, a 4-byte (bf16) or
 //   8-byte (fp32) access; a warp covers 32 consecutive pairs, so it is coalesced too, just with narrow accesses.
 #pragma once

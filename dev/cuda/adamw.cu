@@ -12,7 +12,8 @@
 // index); now the (seed, step) stream is mixed once per thread and each element costs one hash per use (m and v share
 // one, low and high halves). With bf16 m, v and no master (-W 0 -O bf16) the kernel had been compute-bound: on an
 // H200 the llama3.2-1B optimizer step went from 10.33 to 8.25 ms (trainer -p 1). This benchmark's fp32-state timing
-// afterwards: 268M parameters in 1.99 ms, 3774 GB/s.
+// afterwards: 268M parameters in 1.99 ms, 3774 GB/s. (The rounding draws changed with it: a run resumed from a
+// checkpoint written by an earlier build continues bit-exactly only with that build.)
 //
 // build: make -C dev/cuda bin/adamw   run: dev/cuda/bin/adamw
 #include "common.h"

@@ -10,7 +10,8 @@
 // the reference uses the same rounded out for D, as the GPU does. fp64 accumulation throughout. Every version must
 // also be deterministic: a rerun into a freshly poisoned buffer is compared bit for bit.
 //
-// Versions (all in llmc/attention.cuh; TFLOP/s = 2.5 x 2 B H T^2 hd / time, H200, shapes of the timing table):
+// Versions (v1-v4 in llmc/attention.cuh, v5 in llmc/attention_hopper.cuh; TFLOP/s = 2.5 x 2 B H T^2 hd / time, H200,
+// shapes of the timing table):
 //   v1: attention_backward_scalar: CUDA-core fp32 dq and dk/dv kernels (any precision, hd 1..128).
 //       Measured: 14-18 TFLOP/s on the three timing shapes.
 //   v2: the tensor-core kernels of attention_backward_tc (FlashAttention-2 style: a dK/dV kernel per key tile and kv
@@ -189,7 +190,7 @@ template <int BQ64, int BN64, int BQ128, int BN128, bool AKV64, bool AQ64, bool 
 static void backward_hopper_config(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv, const floatX* out,
                                    const float* lse, int B, int T, int H, int KV, int hd) {
 #if !defined(ENABLE_FP32)
-    if ((hd == 64 || hd == 128) && attention_hopper_usable()) {
+    if (attention_tc_supported(hd) && attention_hopper_usable()) {
         attention_check_args("backward_hopper_config", B, T, H, KV, hd);
         if (hd == 64) {
             return attention_backward_hopper_cfg<64, BQ64, BN64, AKV64, AQ64>(dqkv, delta, dout, qkv, out, lse, B, T,
@@ -214,7 +215,7 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
             backward_tc_config<2, 64, 1, 64, 2, 32, 1, 64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
             break;
         case 4:  // v4, kept as a fixed entry: the mma.sync kernels as attention_backward_tc configures them
-            if (hd == 64 || hd == 128) attention_backward_tc(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
+            if (attention_tc_supported(hd)) attention_backward_tc(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
             else attention_backward_scalar(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
             break;
         case 5: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
@@ -376,7 +377,8 @@ int main(int argc, char** argv) {
             printf("  note: no sm_90 device or no sm_90a code in this build: v5 runs v4's kernels\n");
         }
 #endif
-        // T not a multiple of the tiles (64 fixed rows; 32 or 64 streamed), group sizes 1, 4, 8, head dims 16, 64, 128.
+        // T not a multiple of the tiles (v2-v4: 64 fixed rows, 32 or 64 streamed; v5: 128 fixed rows, 64 or 128
+        // streamed), group sizes 1, 4, 8, head dims 16, 64, 128.
         uint64_t seed = 7;
         for (int T : {13, 100, 257}) {
             for (int KV : {8, 2, 1}) {
