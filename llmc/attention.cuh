@@ -121,16 +121,6 @@ __device__ __forceinline__ void attn_accum_tile(float (&acc)[4][HDP / 16], const
     }
 }
 
-// Sum / max over the 16 lanes that share a ty (lanes 0-15 or 16-31 of a warp; xor offsets < 16 stay inside).
-__device__ __forceinline__ float attn_reduce16_sum(float v) {
-    for (int offset = 8; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
-    return v;
-}
-__device__ __forceinline__ float attn_reduce16_max(float v) {
-    for (int offset = 8; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
-    return v;
-}
-
 // Writes rows [r0, r0 + 64) of a (64, HDP) accumulator tile, times `mult`, to one head of a token-major tensor
 // (dst points at row 0, column 0 of the head), skipping rows >= T and columns >= hd.
 template <int HDP>
@@ -156,7 +146,8 @@ __device__ __forceinline__ void attn_store_tile(floatX* dst, size_t row_stride, 
 
 template <int HDP>
 constexpr size_t attention_forward_smem_bytes() {
-    return sizeof(float) * (HDP * ATTN_LD_FIXED + HDP * ATTN_LD_STREAM + ATTN_STREAM * HDP + ATTN_STREAM * ATTN_LD_FIXED);
+    return sizeof(float) *
+           (HDP * ATTN_LD_FIXED + HDP * ATTN_LD_STREAM + ATTN_STREAM * HDP + ATTN_STREAM * ATTN_LD_FIXED);
 }
 
 // grid (B * H, ceil(T / 64)), block 256.
@@ -208,7 +199,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2)
                 s[i][j] = key <= q ? s[i][j] * scale_log2 : -INFINITY;
                 row_max = fmaxf(row_max, s[i][j]);
             }
-            const float m_new = fmaxf(m[i], attn_reduce16_max(row_max));
+            const float m_new = fmaxf(m[i], warp_reduce_max<16>(row_max));
             // Key 0 is in the first tile and never masked, so m_new is finite; the guard keeps a fully masked row
             // from computing (-inf) - (-inf) = NaN all the same.
             const float base = m_new == -INFINITY ? 0.0f : m_new;
@@ -234,7 +225,7 @@ __global__ void __launch_bounds__(ATTN_THREADS, 2)
     float inv_l[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const float row_sum = attn_reduce16_sum(l[i]);  // the 16 lanes of a row each summed their own columns
+        const float row_sum = warp_reduce_sum<16>(l[i]);  // the 16 lanes of a row each summed their own columns
         inv_l[i] = 1.0f / row_sum;
         const int q = q0 + 4 * ty + i;
         if (tx == 0 && q < T) lse[(size_t)blockIdx.x * T + q] = (m[i] + log2f(row_sum)) * ATTN_LN2;
@@ -600,9 +591,33 @@ __device__ __forceinline__ uint32_t atc_off_bt(int row0, int col0, int lane) {
     return 2u * ((row0 + lane % 8 + 8 * ((lane / 8) % 2)) * LD + col0 + 8 * (lane / 16));
 }
 
-// Issues cp.async loads of rows [r0, r0 + ROWS) of one head into a (ROWS, HD + 8) smem tile (NTHREADS: CTA size); src points at row 0,
-// column 0 of the head, rows `row_stride` elements apart. Rows >= T are zero-filled (the source address is clamped
-// to row 0, which always exists, though nothing is read). The caller commits the group.
+// out (MT 16-row blocks x HD) += acc (the same rows x N, fp32 accumulators, packed to bf16 A fragments) times a B
+// tile of N rows x HD stored row-major with leading dimension LD at b (read with ldmatrix.trans): O += P V in the
+// forward, dQ += dS K, dV += P^T dO and dK += dS^T Q in the backward. Each B fragment feeds MT mmas.
+template <int HD, int MT, int N, int LD>
+__device__ __forceinline__ void atc_acc_times_bt(float (&out)[MT][HD / 8][4], const float (&acc)[MT][N / 8][4],
+                                                 uint32_t b, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) atc_acc_to_a(a[mt], acc[mt][2 * kk], acc[mt][2 * kk + 1]);
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; dp++) {
+            uint32_t fb[4];
+            atc_ldsm_x4_trans(fb, b + atc_off_bt<LD>(16 * kk, 16 * dp, lane));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                atc_mma(out[mt][2 * dp], a[mt], fb[0], fb[1]);
+                atc_mma(out[mt][2 * dp + 1], a[mt], fb[2], fb[3]);
+            }
+        }
+    }
+}
+
+// Issues cp.async loads of rows [r0, r0 + ROWS) of one head into a (ROWS, HD + 8) smem tile (NTHREADS: CTA size);
+// src points at row 0, column 0 of the head, rows `row_stride` elements apart. Rows >= T are zero-filled (the source
+// address is clamped to row 0, which always exists, though nothing is read). The caller commits the group.
 template <int HD, int ROWS, int NTHREADS = ATC_THREADS>
 __device__ __forceinline__ void atc_load_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, size_t row_stride, int r0,
                                               int T) {
@@ -804,24 +819,8 @@ __global__ void __launch_bounds__(ATC_THREADS, 2)
                     }
                 }
             }
-            // O += P V: P from the S accumulators (bf16 A fragments), V tile as B via ldmatrix.trans (one V
-            // fragment feeds 2 MT mmas).
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) {
-                uint32_t pa[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) atc_acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
-#pragma unroll
-                for (int dp = 0; dp < HD / 16; dp++) {
-                    uint32_t vb[4];
-                    atc_ldsm_x4_trans(vb, v_base + atc_off_bt<LD>(16 * kk, 16 * dp, lane));
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        atc_mma(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
-                        atc_mma(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
-                    }
-                }
-            }
+            // O += P V: P from the S accumulators, the V tile as B.
+            atc_acc_times_bt<HD, MT, BN, LD>(o, s, v_base, lane);
         }
         __syncthreads();  // all warps done with this stage before the next iteration's prefetch overwrites it
     }
@@ -950,32 +949,9 @@ __global__ void __launch_bounds__(ATC_THREADS, 2)
                     }
                 }
             }
-            // dV += P^T dO and dK += dS^T Q: A from the accumulators, dO and Q tiles as B via ldmatrix.trans.
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) {
-                uint32_t pa[MT][4], dsa[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    atc_acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
-                    atc_acc_to_a(dsa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
-                }
-#pragma unroll
-                for (int dpr = 0; dpr < HD / 16; dpr++) {
-                    uint32_t ob[4], qb[4];
-                    atc_ldsm_x4_trans(ob, do_base + atc_off_bt<LD>(16 * kk, 16 * dpr, lane));
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        atc_mma(dv[mt][2 * dpr], pa[mt], ob[0], ob[1]);
-                        atc_mma(dv[mt][2 * dpr + 1], pa[mt], ob[2], ob[3]);
-                    }
-                    atc_ldsm_x4_trans(qb, q_base + atc_off_bt<LD>(16 * kk, 16 * dpr, lane));
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        atc_mma(dk[mt][2 * dpr], dsa[mt], qb[0], qb[1]);
-                        atc_mma(dk[mt][2 * dpr + 1], dsa[mt], qb[2], qb[3]);
-                    }
-                }
-            }
+            // dV += P^T dO and dK += dS^T Q: A from the accumulators, the dO and Q tiles as B.
+            atc_acc_times_bt<HD, MT, BQ, LD>(dv, s, do_base, lane);
+            atc_acc_times_bt<HD, MT, BQ, LD>(dk, dp, q_base, lane);
         }
         __syncthreads();  // all warps done with this stage before the next prefetch overwrites it
     }
@@ -1027,6 +1003,19 @@ constexpr size_t attention_backward_dkdv_tc8_smem_bytes() {
 // 4-byte global -> shared copy (lse, D), asynchronous; src_bytes = 0 writes zero.
 __device__ __forceinline__ void atc_cp_async4(uint32_t dst, const void* src, int src_bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// lse and delta of queries q0 .. q0 + BQ - 1 of one (b, h) row (`row`: its offset in the (B, H, T) arrays) into
+// lse_s, D_s (BQ floats each; zeros past T), asynchronously, by the CTA's first 2 BQ threads (one float each).
+template <int BQ>
+__device__ __forceinline__ void atc_load_row_stats(float* lse_s, float* D_s, const float* lse, const float* delta,
+                                                   size_t row, int q0, int T) {
+    if (threadIdx.x < 2 * BQ) {
+        const int i = threadIdx.x % BQ, q = q0 + i;
+        const float* src = threadIdx.x < BQ ? lse : delta;
+        float* dst = threadIdx.x < BQ ? lse_s : D_s;
+        atc_cp_async4(atc_smem_u32(dst + i), src + row + (q < T ? q : 0), q < T ? 4 : 0);
+    }
 }
 
 // Stores a 16 x 16 bf16 block held as an A fragment (atc_ldsm_x4's registers) at (row0, col0) of a row-major smem
@@ -1120,12 +1109,7 @@ __global__ void __launch_bounds__(ATC8_THREADS, 1)
         atc_load_tile<HD, BQ, ATC8_THREADS>(dOs + stage * BQ * LD, dout + (size_t)b * T * o_stride + (size_t)h * HD,
                                             o_stride, q0, T);
         const size_t row = ((size_t)b * H + h) * T;  // (b, h) row of lse and delta
-        if (threadIdx.x < 2 * BQ) {
-            const int i = threadIdx.x % BQ, q = q0 + i;
-            const float* src = threadIdx.x < BQ ? lse : delta;
-            float* dst = threadIdx.x < BQ ? lse_s : D_s;
-            atc_cp_async4(atc_smem_u32(dst + stage * BQ + i), src + row + (q < T ? q : 0), q < T ? 4 : 0);
-        }
+        atc_load_row_stats<BQ>(lse_s + stage * BQ, D_s + stage * BQ, lse, delta, row, q0, T);
     };
 
     atc_load_tile<HD, ROWS, ATC8_THREADS>(Ks, k_src, stride, k0, T);
@@ -1388,23 +1372,8 @@ __global__ void __launch_bounds__(ATC_THREADS, 2)
                     }
                 }
             }
-            // dQ += dS K: dS from the accumulators, the K tile as B via ldmatrix.trans.
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) {
-                uint32_t dsa[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) atc_acc_to_a(dsa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
-#pragma unroll
-                for (int dpr = 0; dpr < HD / 16; dpr++) {
-                    uint32_t kb[4];
-                    atc_ldsm_x4_trans(kb, k_base + atc_off_bt<LD>(16 * kk, 16 * dpr, lane));
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        atc_mma(dq[mt][2 * dpr], dsa[mt], kb[0], kb[1]);
-                        atc_mma(dq[mt][2 * dpr + 1], dsa[mt], kb[2], kb[3]);
-                    }
-                }
-            }
+            // dQ += dS K: dS from the accumulators, the K tile as B.
+            atc_acc_times_bt<HD, MT, BN, LD>(dq, dp, k_base, lane);
         }
         __syncthreads();
     }
@@ -1553,8 +1522,12 @@ inline void attention_forward_tc(floatX* out, float* lse, const floatX* qkv, int
     }
     attention_tc_check_aligned("attention_forward_tc", out);
     attention_tc_check_aligned("attention_forward_tc", qkv);
-    if (head_dim == 64) attention_forward_tc_cfg<64, ATC_FWD_MT_64, ATC_FWD_BN_64>(out, lse, qkv, B, T, n_heads, n_kv_heads, stream);
-    else attention_forward_tc_cfg<128, ATC_FWD_MT_128, ATC_FWD_BN_128>(out, lse, qkv, B, T, n_heads, n_kv_heads, stream);
+    if (head_dim == 64) {
+        attention_forward_tc_cfg<64, ATC_FWD_MT_64, ATC_FWD_BN_64>(out, lse, qkv, B, T, n_heads, n_kv_heads, stream);
+    } else {
+        attention_forward_tc_cfg<128, ATC_FWD_MT_128, ATC_FWD_BN_128>(out, lse, qkv, B, T, n_heads, n_kv_heads,
+                                                                      stream);
+    }
 }
 
 // One tile configuration of the backward (D included): dQ kernel with QMT m16 query tiles per warp and QBN keys per

@@ -602,12 +602,7 @@ __global__ void __launch_bounds__(HW_THREADS, 1)
         hw_load_tile<HD, BQ>(do_sm + stage * QBYTES, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0,
                              T);
         const size_t row = ((size_t)b * H + h) * T;  // (b, h) row of lse and delta
-        if (threadIdx.x < 2 * BQ) {
-            const int i = threadIdx.x % BQ, q = q0 + i;
-            const float* src = threadIdx.x < BQ ? lse : delta;
-            float* dst = threadIdx.x < BQ ? lse_s : D_s;
-            atc_cp_async4(atc_smem_u32(dst + stage * BQ + i), src + row + (q < T ? q : 0), q < T ? 4 : 0);
-        }
+        atc_load_row_stats<BQ>(lse_s + stage * BQ, D_s + stage * BQ, lse, delta, row, q0, T);
     };
 
     hw_load_tile<HD, ROWS>(k_sm, qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD, stride, k0, T);

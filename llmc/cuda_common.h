@@ -78,13 +78,16 @@ __device__ __forceinline__ void store_from_float(floatX* dst, const float* src) 
     }
 }
 
-// Sum over the 32 lanes of a warp; every lane gets the result.
+// Sum / max over groups of LANES consecutive lanes of a warp (the whole warp by default; LANES a power of two, xor
+// offsets below LANES stay inside a group); every lane gets its group's result.
+template <int LANES = 32>
 __device__ __forceinline__ float warp_reduce_sum(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
+    for (int offset = LANES / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
     return v;
 }
+template <int LANES = 32>
 __device__ __forceinline__ float warp_reduce_max(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
+    for (int offset = LANES / 2; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
     return v;
 }
 

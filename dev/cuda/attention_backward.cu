@@ -254,10 +254,6 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
     }
 }
 
-struct Shape {
-    int B, T, H, KV, hd;
-};
-
 #if defined(ENABLE_FP32)
 static const int VERSIONS[] = {1};
 #else
@@ -349,25 +345,15 @@ int main(int argc, char** argv) {
         if (argc > 2) cfgs = {atoi(argv[2])};
         for (int cfg : cfgs) {
             uint64_t seed = 7;
-            for (int hd : {64, 128}) {
-                validate_shape(cfg, {2, 257, 8, 2, hd}, seed++);
-                validate_shape(cfg, {1, 1000, 4, 1, hd}, seed++);
-            }
-            time_shape(cfg, {4, 2048, 32, 8, 64});
-            time_shape(cfg, {2, 4096, 32, 8, 128});
-            time_shape(cfg, {1, 8192, 32, 8, 128});
+            for (const Shape& sh : ATTENTION_SWEEP_SHAPES) validate_shape(cfg, sh, seed++);
+            for (const Shape& sh : ATTENTION_TIMING_SHAPES) time_shape(cfg, sh);
         }
         return finish(argv[0]);
     }
     if (argc > 1) versions = {atoi(argv[1])};
-    for (int version : versions) {
-        bool known = false;
-        for (int v : VERSIONS) known |= v == version;
-        if (!known) {
-            fprintf(stderr, "unknown version %d (this %s build has versions 1..%d)\n", version, PRECISION_NAME,
-                    (int)(sizeof(VERSIONS) / sizeof(VERSIONS[0])));
-            return 1;
-        }
+    if (!attention_versions_known(versions, std::vector<int>(std::begin(VERSIONS), std::end(VERSIONS)),
+                                  PRECISION_NAME)) {
+        return 1;
     }
 
     for (int version : versions) {
@@ -380,28 +366,13 @@ int main(int argc, char** argv) {
         // T not a multiple of the tiles (v2-v4: 64 fixed rows, 32 or 64 streamed; v5: 128 fixed rows, 64 or 128
         // streamed), group sizes 1, 4, 8, head dims 16, 64, 128.
         uint64_t seed = 7;
-        for (int T : {13, 100, 257}) {
-            for (int KV : {8, 2, 1}) {
-                for (int hd : {16, 64, 128}) validate_shape(version, {2, T, 8, KV, hd}, seed++);
-            }
-        }
-        // Edges: a single token, an exact tile, one past it, a head dim that is neither 64 nor 128, a tiny head dim.
-        validate_shape(version, {2, 1, 4, 2, 64}, seed++);
-        validate_shape(version, {2, 64, 4, 1, 32}, seed++);
-        validate_shape(version, {2, 65, 4, 4, 100}, seed++);
-        validate_shape(version, {1, 130, 2, 1, 8}, seed++);
-        // Many tiles per row and per key (the pipelines' steady state), ragged ends, the tensor-core head dims.
-        validate_shape(version, {2, 64, 4, 1, 128}, seed++);
-        validate_shape(version, {1, 1000, 4, 1, 128}, seed++);
-        validate_shape(version, {1, 703, 8, 2, 64}, seed++);
+        for (const Shape& sh : attention_validation_shapes()) validate_shape(version, sh, seed++);
     }
 
     if (argc > 2 && strcmp(argv[2], "check") == 0) return finish(argv[0]);  // validation only (for sanitizers)
     printf("timing (TFLOP/s = 2.5 x 2 B H T^2 hd / time)\n");
     for (int version : versions) {
-        time_shape(version, {4, 2048, 32, 8, 64});
-        time_shape(version, {2, 4096, 32, 8, 128});
-        time_shape(version, {1, 8192, 32, 8, 128});
+        for (const Shape& sh : ATTENTION_TIMING_SHAPES) time_shape(version, sh);
     }
     return finish(argv[0]);
 }

@@ -116,10 +116,6 @@ static void attention_forward_gpu(int version, floatX* out, float* lse, const fl
     }
 }
 
-struct Shape {
-    int B, T, H, KV, hd;
-};
-
 #if defined(ENABLE_FP32)
 static const int VERSIONS[] = {1};
 #else
@@ -177,25 +173,15 @@ int main(int argc, char** argv) {
     if (argc > 1 && strcmp(argv[1], "sweep") == 0) {  // tile configurations: spot validation, then timing
         for (int cfg : {101, 102, 103, 104, 105, 106}) {
             uint64_t seed = 7;
-            for (int hd : {64, 128}) {
-                validate_shape(cfg, {2, 257, 8, 2, hd}, seed++);
-                validate_shape(cfg, {1, 1000, 4, 1, hd}, seed++);
-            }
-            time_shape(cfg, {4, 2048, 32, 8, 64});
-            time_shape(cfg, {2, 4096, 32, 8, 128});
-            time_shape(cfg, {1, 8192, 32, 8, 128});
+            for (const Shape& sh : ATTENTION_SWEEP_SHAPES) validate_shape(cfg, sh, seed++);
+            for (const Shape& sh : ATTENTION_TIMING_SHAPES) time_shape(cfg, sh);
         }
         return finish(argv[0]);
     }
     if (argc > 1) versions = {atoi(argv[1])};
-    for (int version : versions) {
-        bool known = false;
-        for (int v : VERSIONS) known |= v == version;
-        if (!known) {
-            fprintf(stderr, "unknown version %d (this %s build has versions 1..%d)\n", version, PRECISION_NAME,
-                    (int)(sizeof(VERSIONS) / sizeof(VERSIONS[0])));
-            return 1;
-        }
+    if (!attention_versions_known(versions, std::vector<int>(std::begin(VERSIONS), std::end(VERSIONS)),
+                                  PRECISION_NAME)) {
+        return 1;
     }
 
     for (int version : versions) {
@@ -207,27 +193,12 @@ int main(int argc, char** argv) {
 #endif
         // T not a multiple of the tiles (64 queries; 32 or 64 keys), group sizes 1, 4, 8, head dims 16, 64, 128.
         uint64_t seed = 42;
-        for (int T : {13, 100, 257}) {
-            for (int KV : {8, 2, 1}) {
-                for (int hd : {16, 64, 128}) validate_shape(version, {2, T, 8, KV, hd}, seed++);
-            }
-        }
-        // Edges: a single token, an exact tile, one past it, a head dim that is neither 64 nor 128, a tiny head dim.
-        validate_shape(version, {2, 1, 4, 2, 64}, seed++);
-        validate_shape(version, {2, 64, 4, 1, 32}, seed++);
-        validate_shape(version, {2, 65, 4, 4, 100}, seed++);
-        validate_shape(version, {1, 130, 2, 1, 8}, seed++);
-        // Many tiles per row (the pipeline's steady state), ragged ends, the tensor-core head dims.
-        validate_shape(version, {2, 64, 4, 1, 128}, seed++);
-        validate_shape(version, {1, 1000, 4, 1, 128}, seed++);
-        validate_shape(version, {1, 703, 8, 2, 64}, seed++);
+        for (const Shape& sh : attention_validation_shapes()) validate_shape(version, sh, seed++);
     }
 
     printf("timing (causal TFLOP/s = 2 B H T^2 hd / time)\n");
     for (int version : versions) {
-        time_shape(version, {4, 2048, 32, 8, 64});
-        time_shape(version, {2, 4096, 32, 8, 128});
-        time_shape(version, {1, 8192, 32, 8, 128});
+        for (const Shape& sh : ATTENTION_TIMING_SHAPES) time_shape(version, sh);
     }
     return finish(argv[0]);
 }
