@@ -1,7 +1,8 @@
 # llama3.cu: build the trainer, its tests and the CPU reference.
 #
 #   make                      CPU targets (reference, data tests) and, when nvcc is present, the CUDA trainer
-#   make train_llama3cu       the CUDA trainer (PRECISION=BF16 default, PRECISION=FP32 for exact tie-out)
+#   make train_llama3cu       the CUDA trainer (PRECISION=BF16 default, PRECISION=FP32 for exact tie-out;
+#                             USE_MPI=1 where MPI and NCCL are found: several GPUs with mpirun; USE_MPI=0 without)
 #   make test                 CPU tests always; GPU tests too when a GPU is present
 #   make run                  the main job: tinyshakespeare shards, a small model from scratch, a loss plot
 #
@@ -45,6 +46,32 @@ NVCC_FLAGS = -O3 -std=c++17 -I. $(GENCODE) $(PRECISION_FLAGS) --use_fast_math -X
              -Xcompiler $(OMP_FLAGS)
 NVCC_LIBS = -lcublasLt -lcublas
 
+# Several GPUs: MPI launches the processes, NCCL does the collectives. USE_MPI=1 where both are found (OpenMPI's
+# mpicc, or an MPI that pkg-config knows, and nccl.h under NCCL_HOME, the CUDA toolkit or /usr), USE_MPI=0 otherwise
+# or when asked: the single-GPU trainer with neither dependency.
+NVCC_BIN_DIR := $(dir $(shell command -v $(NVCC) 2>/dev/null))
+CUDA_HOME ?= $(if $(NVCC_BIN_DIR),$(abspath $(NVCC_BIN_DIR)/..),/usr/local/cuda)
+NCCL_HEADER := $(firstword $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h) $(CUDA_HOME)/include/nccl.h \
+                 /usr/include/nccl.h /usr/local/include/nccl.h))
+NCCL_DIR := $(patsubst %/include/,%,$(dir $(NCCL_HEADER)))
+MPI_INCDIRS := $(shell mpicc --showme:incdirs 2>/dev/null || pkg-config --cflags-only-I mpi 2>/dev/null | sed 's/-I//g')
+MPI_LIBDIRS := $(shell mpicc --showme:libdirs 2>/dev/null || pkg-config --libs-only-L mpi 2>/dev/null | sed 's/-L//g')
+MPI_LIBS := $(shell mpicc --showme:libs 2>/dev/null || pkg-config --libs-only-l mpi 2>/dev/null | sed 's/-l//g')
+ifeq ($(USE_MPI),)
+  USE_MPI := $(if $(and $(NCCL_HEADER),$(MPI_LIBS)),1,0)
+endif
+ifeq ($(USE_MPI),1)
+  ifeq ($(NCCL_HEADER),)
+    $(error USE_MPI=1 but nccl.h was not found: set NCCL_HOME)
+  endif
+  ifeq ($(MPI_LIBS),)
+    $(error USE_MPI=1 but no MPI was found (mpicc --showme or pkg-config mpi))
+  endif
+  MPI_FLAGS = -DUSE_MPI -I$(NCCL_DIR)/include $(addprefix -I,$(MPI_INCDIRS))
+  MPI_LINK = -L$(NCCL_DIR)/lib -L$(NCCL_DIR)/lib64 $(addprefix -L,$(MPI_LIBDIRS)) -lnccl $(addprefix -l,$(MPI_LIBS)) \
+             $(addprefix -Xlinker -rpath=,$(MPI_LIBDIRS))
+endif
+
 HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
 CPU_TARGETS = dev/cpu/test_llama3_cpu dev/test/test_dataloader dev/test/test_tokenizer
 CUDA_TARGETS = train_llama3cu test_llama3cu
@@ -71,8 +98,13 @@ dev/test/%: dev/test/%.cpp $(HEADERS)
 	@rm -f .precision_*
 	@touch $@
 
-train_llama3cu: train_llama3.cu $(HEADERS) .precision_$(PRECISION)
-	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LIBS) -o $@
+# The MPI switch is part of the binary too.
+.use_mpi_$(USE_MPI):
+	@rm -f .use_mpi_*
+	@touch $@
+
+train_llama3cu: train_llama3.cu $(HEADERS) .precision_$(PRECISION) .use_mpi_$(USE_MPI)
+	$(NVCC) $(NVCC_FLAGS) $(MPI_FLAGS) $< $(NVCC_LIBS) $(MPI_LINK) -o $@
 
 test_llama3cu: test_llama3.cu train_llama3.cu $(HEADERS) .precision_$(PRECISION)
 	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LIBS) -o $@
@@ -97,4 +129,4 @@ run: data train_llama3cu
 	$(PYTHON) scripts/plot_loss.py $(RUN_DIR)/log.txt $(RUN_DIR)/loss.png
 
 clean:
-	rm -f $(CPU_TARGETS) $(CUDA_TARGETS) .precision_*
+	rm -f $(CPU_TARGETS) $(CUDA_TARGETS) .precision_* .use_mpi_*

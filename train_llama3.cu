@@ -1,4 +1,4 @@
-// Llama 3 training on one GPU, in one file: config, parameters, activations, forward, backward, update, loop.
+// Llama 3 training on one or more GPUs, in one file: config, parameters, activations, forward, backward, update, loop.
 // The kernels live in llmc/; the CPU reference that spells out the same math is dev/cpu/llama3_cpu.h.
 //
 //   make train_llama3cu                     # PRECISION=BF16 (default) or FP32
@@ -8,6 +8,11 @@
 // floatX (llmc/cuda_common.h) is the type of parameters, activations and gradients: bf16, or fp32 for the exact
 // tie-out build. The optimizer keeps fp32 m, v and (in bf16 builds) fp32 master weights. Parameters and
 // gradients are each one flat buffer in checkpoint order (llmc/checkpoint.h), viewed through ParamTensors.
+//
+// Several GPUs (mpirun -np N ./train_llama3cu ...): data parallel, one process per GPU, each rank a part of every
+// batch; gradients are summed over the ranks while the backward runs, and with -Z 1 or 2 each rank keeps only its
+// shard of the optimizer state (and with 2 of the gradients). llmc/multi_gpu.cuh has the processes, the collectives
+// and the shard layout; this file says when they happen.
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -34,6 +39,7 @@
 #include "llmc/fused_classifier.cuh"
 #include "llmc/global_norm.cuh"
 #include "llmc/adamw.cuh"
+#include "llmc/multi_gpu.cuh"
 
 // ----------------------------------------------------------------------------------------------------------------
 // Activations kept from the forward for the backward, for B*T = N rows, per layer unless noted. With activation
@@ -71,6 +77,18 @@ struct Llama3 {
     DeviceBuffer<float> m, v;          // AdamW moments in fp32 ...
     DeviceBuffer<__nv_bfloat16> m_bf16, v_bf16;  // ... or in bf16 (-O bf16), stochastically rounded
     bool use_master = true, bf16_state = false;
+    // Several GPUs (llmc/multi_gpu.cuh). Stage 0: every buffer above is whole. Stage 1: master, m and v hold this
+    // rank's shard (opt_count = num_params / ranks) and grad_shard its part of the summed gradients. Stage 2: also
+    // `grads` is only scratch: two layer-sized buffers that alternate, then the head tensors (embedding, final norm,
+    // lm_head), each reduced as soon as the backward has filled it.
+    int zero_stage = 0;
+    bool overlap_reduction = true;
+    ShardLayout shards;
+    size_t opt_count = 0, layer_grad_size = 0;
+    DeviceBuffer<floatX> grad_shard;
+    DeviceBuffer<double> reduce_scratch;
+    cudaStream_t comm_stream = 0;
+    cudaEvent_t grads_ready = nullptr, comm_done = nullptr, slot_free[2] = {nullptr, nullptr};
     int recompute = 0;                 // activation recomputation level: 0 none, 1 norms + swiglu, 2 also w13
     DeviceBuffer<float> rope_table;    // (max_seq_len, hd/2, 2) {cos, sin}
     Activations acts;
@@ -80,22 +98,57 @@ struct Llama3 {
     std::vector<int> host_inputs;
     Profiler profiler;
 
+    bool sharded() const { return zero_stage >= 1; }
+
+    // The shard layout for this run's ranks; stops with a message when the model does not split evenly.
+    void setup_ranks() {
+        const MultiGpu& mg = g_multi_gpu;
+        if (mg.world == 1) zero_stage = 0;
+        std::string why;
+        if (!make_shard_layout(config, mg.world, mg.rank, &shards, &why)) {
+            if (zero_stage >= 1) {
+                fprintf(stderr, "Error: -Z %d shards every tensor slice over the %d GPUs, but %s; use -Z 0\n",
+                        zero_stage, mg.world, why.c_str());
+                fail_exit();
+            }
+            make_shard_layout(config, 1, 0, &shards, &why);  // stage 0 reduces whole slices: any size works
+        }
+        if (mg.world > 1) {
+            cudaCheck(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
+            cudaCheck(cudaEventCreateWithFlags(&grads_ready, cudaEventDisableTiming));
+            cudaCheck(cudaEventCreateWithFlags(&comm_done, cudaEventDisableTiming));
+            for (cudaEvent_t& e : slot_free) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        }
+        reduce_scratch = DeviceBuffer<double>(1);
+    }
+
     void allocate_params() {
         num_params = param_layout(config).total;
+        setup_ranks();
+        opt_count = sharded() ? shards.shard_size : num_params;
         params = DeviceBuffer<floatX>(num_params);
-        grads = DeviceBuffer<floatX>(num_params);
+        if (zero_stage == 2) {
+            const Llama3Config& c = config;
+            layer_grad_size = 0;
+            for (int i : shards.layer_slices[0]) layer_grad_size += shards.slices[i].size;
+            size_t head = (size_t)c.vocab_size * c.dim * (c.tied_embeddings ? 1 : 2) + c.dim;
+            grads = DeviceBuffer<floatX>(2 * layer_grad_size + head);
+        } else {
+            grads = DeviceBuffer<floatX>(num_params);
+        }
+        if (sharded()) grad_shard = DeviceBuffer<floatX>(opt_count);
 #if !defined(ENABLE_FP32)
-        if (use_master) master = DeviceBuffer<float>(num_params);
+        if (use_master) master = DeviceBuffer<float>(opt_count);
 #endif
         cudaCheck(cudaMemset(grads.ptr, 0, grads.bytes()));
         if (bf16_state) {
-            m_bf16 = DeviceBuffer<__nv_bfloat16>(num_params);
-            v_bf16 = DeviceBuffer<__nv_bfloat16>(num_params);
+            m_bf16 = DeviceBuffer<__nv_bfloat16>(opt_count);
+            v_bf16 = DeviceBuffer<__nv_bfloat16>(opt_count);
             cudaCheck(cudaMemset(m_bf16.ptr, 0, m_bf16.bytes()));
             cudaCheck(cudaMemset(v_bf16.ptr, 0, v_bf16.bytes()));
         } else {
-            m = DeviceBuffer<float>(num_params);
-            v = DeviceBuffer<float>(num_params);
+            m = DeviceBuffer<float>(opt_count);
+            v = DeviceBuffer<float>(opt_count);
             cudaCheck(cudaMemset(m.ptr, 0, m.bytes()));
             cudaCheck(cudaMemset(v.ptr, 0, v.bytes()));
         }
@@ -111,13 +164,23 @@ struct Llama3 {
         allocate_params();
         ParamLayout layout = param_layout(c);
         float residual_std = 0.02f / sqrtf(2.0f * c.n_layers);
+        // every rank draws the whole model (the same seed: the same weights); a sharded master keeps its parts
+        DeviceBuffer<float> whole_master;
+        if (master.ptr && sharded()) whole_master = DeviceBuffer<float>(num_params);
+        float* init_master = sharded() ? whole_master.ptr : master.ptr;
         size_t offset = 0;
         for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
             bool residual_projection = t == 3 || t == 6;  // wo, w2
             float std = !param_is_matrix(t) ? 0.0f : (residual_projection ? residual_std : 0.02f);
-            init_tensor(params.ptr + offset, master.ptr ? master.ptr + offset : nullptr, layout.sizes[t], std, seed,
+            init_tensor(params.ptr + offset, init_master ? init_master + offset : nullptr, layout.sizes[t], std, seed,
                         t, stream);
             offset += layout.sizes[t];
+        }
+        if (whole_master.ptr) {
+            for (const ParamSlice& s : shards.slices) {
+                cudaCheck(cudaMemcpyAsync(master.ptr + shards.shard_offset(s), whole_master.ptr + shards.owned_offset(s),
+                                          shards.part(s) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+            }
         }
         cudaCheck(cudaStreamSynchronize(stream));
     }
@@ -133,7 +196,15 @@ struct Llama3 {
         std::vector<floatX> converted(host.size());
         for (size_t i = 0; i < host.size(); i++) converted[i] = (floatX)host[i];
         cudaCheck(cudaMemcpy(params.ptr, converted.data(), params.bytes(), cudaMemcpyHostToDevice));
-        if (master.ptr) cudaCheck(cudaMemcpy(master.ptr, host.data(), master.bytes(), cudaMemcpyHostToDevice));
+        if (master.ptr == nullptr) return;
+        if (!sharded()) {
+            cudaCheck(cudaMemcpy(master.ptr, host.data(), master.bytes(), cudaMemcpyHostToDevice));
+            return;
+        }
+        for (const ParamSlice& s : shards.slices) {
+            cudaCheck(cudaMemcpy(master.ptr + shards.shard_offset(s), host.data() + shards.owned_offset(s),
+                                 shards.part(s) * sizeof(float), cudaMemcpyHostToDevice));
+        }
     }
 
     // Writes the model in our checkpoint format, in the build's precision: the parameters exactly as they are
@@ -256,7 +327,7 @@ struct Llama3 {
             prof.end();
         }
         if (targets == nullptr) return;
-        ParamTensors<floatX> g = point_params(grads.ptr, c);
+        ParamTensors<floatX> g = head_grads();
         ProfileScope scope(prof, "classifier (fwd + bwd)");
         for (int row = 0; row < N; row += classifier_chunk) {
             int rows = std::min(classifier_chunk, N - row);
@@ -270,32 +341,86 @@ struct Llama3 {
         }
     }
 
-    // Mean loss of the last forward (summed on the host in a fixed order: deterministic).
+    // Mean loss of the last forward on this rank (summed on the host in a fixed order: deterministic).
     float mean_loss(int N) {
         std::vector<float> losses(N);
         cudaCheck(cudaMemcpyAsync(losses.data(), acts.losses.ptr, N * sizeof(float), cudaMemcpyDeviceToHost, stream));
-        cudaCheck(cudaStreamSynchronize(stream));
+        stream_sync(stream);
         double sum = 0.0;
         for (float x : losses) sum += x;
         return (float)(sum / N);
     }
 
-    // Backward of the last forward(..., dloss != 0); gradients accumulate into `grads`.
-    void backward(int b, int t) {
+    // Where the backward writes gradients. head_grads: tok_embedding, final_norm and lm_head; layer_grads(l): the
+    // per-layer tensors, each pointing at layer l's slice. Stages 0 and 1: their place in `grads`; stage 2: the
+    // scratch (layer l in buffer l % 2, the head tensors after both).
+    ParamTensors<floatX> head_grads() {
+        ParamTensors<floatX> g = point_params(grads.ptr, config);
+        if (zero_stage == 2) {
+            size_t VC = (size_t)config.vocab_size * config.dim;
+            g.tok_embedding = grads.ptr + 2 * layer_grad_size;
+            g.final_norm = g.tok_embedding + VC;
+            g.lm_head = config.tied_embeddings ? g.tok_embedding : g.final_norm + config.dim;
+        }
+        return g;
+    }
+    ParamTensors<floatX> layer_grads(int l) {
+        ParamTensors<floatX> g = point_params(grads.ptr, config);
+        ParamLayout layout = param_layout(config);
+        floatX** per_layer[] = {&g.attn_norm, &g.wqkv, &g.wo, &g.ffn_norm, &g.w13, &g.w2};  // tensors 1..6
+        floatX* slot = grads.ptr + (size_t)(l % 2) * layer_grad_size;
+        for (int i = 0; i < 6; i++) {
+            size_t slice = layout.sizes[i + 1] / config.n_layers;
+            if (zero_stage == 2) {
+                *per_layer[i] = slot;
+                slot += slice;
+            } else {
+                *per_layer[i] += (size_t)l * slice;
+            }
+        }
+        return g;
+    }
+
+    // Sums the gradient slices `indices` (held at their places in g) over the ranks on comm_stream, after what the
+    // main stream has queued so far; `done` (optional) is recorded when they are finished.
+    void reduce_gradients(const std::vector<int>& indices, const ParamTensors<floatX>& g, bool accumulate,
+                          cudaEvent_t done) {
+        floatX* const tensors[] = {g.tok_embedding, g.attn_norm, g.wqkv, g.wo, g.ffn_norm, g.w13, g.w2,
+                                   g.final_norm, g.lm_head};
+        std::vector<floatX*> src;
+        for (int i : indices) src.push_back(tensors[shards.slices[i].tensor]);
+        cudaCheck(cudaEventRecord(grads_ready, stream));
+        cudaCheck(cudaStreamWaitEvent(comm_stream, grads_ready));
+        reduce_gradient_slices(shards, indices, src, zero_stage, grad_shard.ptr, accumulate, comm_stream);
+        cudaCheck(cudaEventRecord(comm_done, comm_stream));
+        if (done != nullptr) cudaCheck(cudaEventRecord(done, comm_stream));
+        if (!overlap_reduction) cudaCheck(cudaStreamWaitEvent(stream, comm_done));
+    }
+
+    // Backward of the last forward(..., dloss != 0); gradients accumulate into `grads`. With `reduce` (several GPUs:
+    // the last micro-batch of a step, or every one with stage 2) each layer's gradients are summed over the ranks
+    // as soon as the layer is done, overlapping the layers below; the head tensors go last and are waited for.
+    // `accumulate`: stage 2 adds into the gradient shard instead of overwriting it (micro-batches after the first).
+    void backward(int b, int t, bool reduce = false, bool accumulate = false) {
         const Llama3Config& c = config;
         int N = b * t, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, hd = c.head_dim(), QKV = c.qkv_dim();
         int F = c.ffn_hidden, L = c.n_layers;
         size_t NC = (size_t)N * C;
         ParamTensors<floatX> p = point_params(params.ptr, c);
-        ParamTensors<floatX> g = point_params(grads.ptr, c);
+        ParamTensors<floatX> hg = head_grads();
         Activations& a = acts;
         Profiler& prof = profiler;
         prof.begin("bwd final norm");
         cudaCheck(cudaMemsetAsync(a.dresidual.ptr, 0, NC * sizeof(floatX), stream));
-        rmsnorm_backward(a.dresidual.ptr, g.final_norm, a.rmsnorm_scratch.ptr, a.dnorm.ptr, a.residual.ptr + L * NC,
+        rmsnorm_backward(a.dresidual.ptr, hg.final_norm, a.rmsnorm_scratch.ptr, a.dnorm.ptr, a.residual.ptr + L * NC,
                          p.final_norm, a.rstdf.ptr, N, C, stream);
         prof.end();
         for (int l = L - 1; l >= 0; l--) {
+            ParamTensors<floatX> g = layer_grads(l);
+            if (zero_stage == 2) {  // the buffer's last layer (l + 2) must be reduced before it is cleared
+                cudaCheck(cudaStreamWaitEvent(stream, slot_free[l % 2]));
+                cudaCheck(cudaMemsetAsync(g.attn_norm, 0, layer_grad_size * sizeof(floatX), stream));
+            }
             floatX* x = a.residual.ptr + l * NC;
             floatX* mid = a.residual_mid.ptr + l * NC;
             floatX* ln1 = layer_slice(a.ln1, l, NC);
@@ -316,19 +441,19 @@ struct Llama3 {
             }
             // the MLP branch: dresidual is the gradient of its output
             prof.begin("bwd w2 matmul + swiglu");
-            matmul_backward(a.dhact.ptr, g.w2 + (size_t)l * C * F, a.dresidual.ptr, hact, p.w2 + (size_t)l * C * F, N,
+            matmul_backward(a.dhact.ptr, g.w2, a.dresidual.ptr, hact, p.w2 + (size_t)l * C * F, N,
                             F, C, stream);
             swiglu_backward(a.dh13.ptr, a.dhact.ptr, h13, N, F, stream);
             prof.end();
             prof.begin("bwd w13 matmul + norm");
-            matmul_backward(a.dnorm.ptr, g.w13 + (size_t)l * 2 * F * C, a.dh13.ptr, ln2,
+            matmul_backward(a.dnorm.ptr, g.w13, a.dh13.ptr, ln2,
                             p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, stream);
-            rmsnorm_backward(a.dresidual.ptr, g.ffn_norm + (size_t)l * C, a.rmsnorm_scratch.ptr, a.dnorm.ptr, mid,
+            rmsnorm_backward(a.dresidual.ptr, g.ffn_norm, a.rmsnorm_scratch.ptr, a.dnorm.ptr, mid,
                              p.ffn_norm + (size_t)l * C, rstd2, N, C, stream);
             prof.end();
             // the attention branch
             prof.begin("bwd wo matmul");
-            matmul_backward(a.datty.ptr, g.wo + (size_t)l * C * H * hd, a.dresidual.ptr, atty,
+            matmul_backward(a.datty.ptr, g.wo, a.dresidual.ptr, atty,
                             p.wo + (size_t)l * C * H * hd, N, H * hd, C, stream);
             prof.end();
             prof.begin("bwd attention");
@@ -339,27 +464,42 @@ struct Llama3 {
             rope_backward(a.dqkv.ptr, rope_table.ptr, b, t, H, KV, hd, stream);
             prof.end();
             prof.begin("bwd qkv matmul + norm");
-            matmul_backward(a.dnorm.ptr, g.wqkv + (size_t)l * QKV * C, a.dqkv.ptr, ln1, p.wqkv + (size_t)l * QKV * C,
+            matmul_backward(a.dnorm.ptr, g.wqkv, a.dqkv.ptr, ln1, p.wqkv + (size_t)l * QKV * C,
                             N, C, QKV, stream);
-            rmsnorm_backward(a.dresidual.ptr, g.attn_norm + (size_t)l * C, a.rmsnorm_scratch.ptr, a.dnorm.ptr, x,
+            rmsnorm_backward(a.dresidual.ptr, g.attn_norm, a.rmsnorm_scratch.ptr, a.dnorm.ptr, x,
                              p.attn_norm + (size_t)l * C, rstd1, N, C, stream);
             prof.end();
+            if (reduce) reduce_gradients(shards.layer_slices[l], g, accumulate, slot_free[l % 2]);
         }
         ProfileScope scope(prof, "bwd embedding");
         embedding_plan.build(host_inputs.data(), N, stream);
-        encoder_backward(g.tok_embedding, a.dresidual.ptr, embedding_plan, C, stream);
+        encoder_backward(hg.tok_embedding, a.dresidual.ptr, embedding_plan, C, stream);
+        if (reduce) {
+            reduce_gradients(shards.head_slices, hg, accumulate, nullptr);
+            cudaCheck(cudaStreamWaitEvent(stream, comm_done));
+            if (zero_stage == 2) {  // reduced: clear the head buffer for the next micro-batch's classifier
+                cudaCheck(cudaMemsetAsync(hg.tok_embedding, 0,
+                                          (grads.ptr + grads.count - hg.tok_embedding) * sizeof(floatX), stream));
+            }
+        }
     }
 
     void zero_grad() { cudaCheck(cudaMemsetAsync(grads.ptr, 0, grads.bytes(), stream)); }
 
-    // Global gradient norm (before clipping).
+    // Global gradient norm (before clipping), over the summed gradients: this rank's whole buffer, or with a sharded
+    // optimizer the ranks' shards, whose partial sums are added over the ranks (the same total on every rank).
     float grad_norm() {
         ProfileScope scope(profiler, "grad norm");
-        global_norm_squared(acts.norm_partials.ptr, grads.ptr, num_params, 0, stream);
+        if (sharded()) {
+            global_norm_squared(acts.norm_partials.ptr, grad_shard.ptr, opt_count, 0, stream);
+            all_reduce_sum_device(acts.norm_partials.ptr, global_norm_scratch_floats(1), stream);
+        } else {
+            global_norm_squared(acts.norm_partials.ptr, grads.ptr, num_params, 0, stream);
+        }
         global_norm_finish(acts.norm_value.ptr, acts.norm_partials.ptr, 1, stream);
         float norm;
         cudaCheck(cudaMemcpyAsync(&norm, acts.norm_value.ptr, sizeof(float), cudaMemcpyDeviceToHost, stream));
-        cudaCheck(cudaStreamSynchronize(stream));
+        stream_sync(stream);
         return norm;
     }
 
@@ -367,6 +507,10 @@ struct Llama3 {
     void update(float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step,
                 unsigned int seed) {
         ProfileScope scope(profiler, "optimizer");
+        if (sharded()) {
+            update_shard(lr, beta1, beta2, eps, weight_decay, grad_scale, step, seed);
+            return;
+        }
         ParamLayout layout = param_layout(config);
         size_t offset = 0;
         for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
@@ -383,9 +527,29 @@ struct Llama3 {
         }
     }
 
+    // Stages 1 and 2: this rank updates its part of every slice (the same arithmetic and random bits as the whole
+    // update), then all ranks exchange their parts.
+    void update_shard(float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step,
+                      unsigned int seed) {
+        for (const ParamSlice& s : shards.slices) {
+            size_t at = shards.shard_offset(s), part = shards.part(s);
+            float wd = param_is_matrix(s.tensor) ? weight_decay : 0.0f;
+            auto update_part = [&](auto* moment1, auto* moment2) {
+                adamw_update(params.ptr + shards.owned_offset(s), master.ptr ? master.ptr + at : nullptr,
+                             grad_shard.ptr + at, moment1 + at, moment2 + at, part, lr, beta1, beta2, step, eps, wd,
+                             grad_scale, seed + (unsigned int)s.tensor, stream, s.tensor_offset + shards.rank * part);
+            };
+            if (bf16_state) update_part(m_bf16.ptr, v_bf16.ptr);
+            else update_part(m.ptr, v.ptr);
+        }
+        all_gather_params(shards, params.ptr, stream);
+    }
+
     // The master weights (which = 0), m (1) or v (2) as fp32 on the host, whatever their device precision, and back
-    // (bf16 -> fp32 -> bf16 is exact, so a saved bf16 state restores bit for bit).
+    // (bf16 -> fp32 -> bf16 is exact, so a saved bf16 state restores bit for bit). opt_count elements: the whole
+    // model, or this rank's shard.
     std::vector<float> state_to_host(int which) const {
+        size_t num_params = opt_count;
         std::vector<float> host(num_params);
         const DeviceBuffer<float>& fp32 = which == 0 ? master : (which == 1 ? m : v);
         if (which == 0 || !bf16_state) {
@@ -399,6 +563,7 @@ struct Llama3 {
         return host;
     }
     void state_from_host(int which, const std::vector<float>& host) {
+        size_t num_params = opt_count;
         DeviceBuffer<float>& fp32 = which == 0 ? master : (which == 1 ? m : v);
         if (which == 0 || !bf16_state) {
             cudaCheck(cudaMemcpy(fp32.ptr, host.data(), num_params * sizeof(float), cudaMemcpyHostToDevice));
@@ -423,15 +588,21 @@ struct Llama3 {
 };
 
 // ----------------------------------------------------------------------------------------------------------------
-// Training state on disk: <out>/model_<step>.bin (our checkpoint format) and <out>/state_<step>.bin:
-//   header 64 int32: [0] magic 20261123 [1] version 1 [2] step [3] floatX is bf16 (1) or fp32 (0)
+// Training state on disk: <out>/model_<step>.bin (our checkpoint format) and one state file per rank,
+// <out>/state_<step>.bin for rank 0 and <out>/state_<step>_rank<r>.bin for the others:
+//   header 64 int32: [0] magic 20261123 [1] version 2 [2] step [3] floatX is bf16 (1) or fp32 (0)
 //                    [4..5] num_params (low, high 32 bits) [6] has master weights
-//   then master weights fp32 (num_params, if present), m and v (fp32 in the file, also when kept in bf16 on the
-//   GPU), the train loader's state, the sampler RNG.
-// Both are written atomically; the state file is written last, so a state file always has its model.
+//                    [7] ranks (GPUs) of the run [8] ZeRO stage [9] this file's rank
+//                    [10..11] optimizer elements in this file (low, high): num_params, or num_params / ranks with a
+//                    sharded optimizer (stage 1 or 2: the rank's shard, llmc/multi_gpu.cuh)
+//   then master weights fp32 (if present), m and v (fp32 in the file, also when kept in bf16 on the GPU), the rank's
+//   train loader state, the sampler RNG. (Version 1 files, from before several GPUs, are one rank, stage 0.)
+// All are written atomically, in this order: the other ranks' state files, then (once every rank has written its
+// own) rank 0's model file and last its state file. So a checkpoint exists, for resuming and for retention, only
+// when rank 0's state file does, and then every file of it is complete.
 
 constexpr int STATE_MAGIC = 20261123;
-constexpr int STATE_VERSION = 1;
+constexpr int STATE_VERSION = 2;
 
 static std::string step_path(const std::string& dir, const char* kind, int step) {
     char name[64];
@@ -439,9 +610,22 @@ static std::string step_path(const std::string& dir, const char* kind, int step)
     return dir + "/" + name;
 }
 
-static void save_training_state(const std::string& dir, Llama3& model, int step, DataLoader& loader,
-                                uint64_t sampler_rng) {
-    model.save(step_path(dir, "model", step).c_str());
+static std::string state_path(const std::string& dir, int step, int rank) {
+    if (rank == 0) return step_path(dir, "state", step);
+    char name[64];
+    snprintf(name, sizeof(name), "state_%08d_rank%d.bin", step, rank);
+    return dir + "/" + name;
+}
+
+// Deletes a checkpoint: rank 0's state file first, so a half-deleted checkpoint no longer counts.
+static void remove_checkpoint(const std::string& dir, int step, int world) {
+    remove(state_path(dir, step, 0).c_str());
+    remove(step_path(dir, "model", step).c_str());
+    for (int r = 1; r < world; r++) remove(state_path(dir, step, r).c_str());
+}
+
+static void write_state_file(const std::string& path, Llama3& model, int step, DataLoader& loader,
+                             uint64_t sampler_rng) {
     int32_t h[64] = {0};
     h[0] = STATE_MAGIC;
     h[1] = STATE_VERSION;
@@ -454,15 +638,32 @@ static void save_training_state(const std::string& dir, Llama3& model, int step,
     h[4] = (int32_t)(model.num_params & 0xffffffffu);
     h[5] = (int32_t)(model.num_params >> 32);
     h[6] = model.master.ptr != nullptr;
-    AtomicFile out(step_path(dir, "state", step));
+    h[7] = g_multi_gpu.world;
+    h[8] = model.zero_stage;
+    h[9] = g_multi_gpu.rank;
+    h[10] = (int32_t)(model.opt_count & 0xffffffffu);
+    h[11] = (int32_t)(model.opt_count >> 32);
+    AtomicFile out(path);
     fwriteCheck(h, sizeof(int32_t), 64, out.fp, "state header");
     for (int which = model.master.ptr ? 0 : 1; which <= 2; which++) {
         std::vector<float> host = model.state_to_host(which);
-        fwriteCheck(host.data(), sizeof(float), model.num_params, out.fp, "optimizer state");
+        fwriteCheck(host.data(), sizeof(float), model.opt_count, out.fp, "optimizer state");
     }
     loader.save_state(out.fp);
     fwriteCheck(&sampler_rng, sizeof(sampler_rng), 1, out.fp, "sampler rng");
     out.commit();
+}
+
+// Every rank calls this. The barrier (a sum over the ranks) separates the other ranks' files from rank 0's.
+static void save_training_state(const std::string& dir, Llama3& model, int step, DataLoader& loader,
+                                uint64_t sampler_rng) {
+    int rank = g_multi_gpu.rank;
+    if (rank != 0) write_state_file(state_path(dir, step, rank), model, step, loader, sampler_rng);
+    all_reduce_sum(1.0, model.reduce_scratch.ptr, model.stream);
+    if (rank == 0) {
+        model.save(step_path(dir, "model", step).c_str());
+        write_state_file(state_path(dir, step, 0), model, step, loader, sampler_rng);
+    }
 }
 
 // Restores what save_training_state wrote. The model must already be loaded from the matching model file: it
@@ -473,6 +674,27 @@ static void load_training_state(const std::string& path, Llama3& model, int* ste
     FILE* fp = fopenCheck(path.c_str(), "rb");
     int32_t h[64];
     freadCheck(h, sizeof(int32_t), 64, fp, "state header");
+    if (h[0] == STATE_MAGIC && h[1] == 1) {  // version 1: one GPU, stage 0, the whole optimizer state
+        h[7] = 1;
+        h[8] = 0;
+        h[9] = 0;
+        h[10] = h[4];
+        h[11] = h[5];
+        h[1] = STATE_VERSION;
+    }
+    if (h[0] == STATE_MAGIC && h[1] == STATE_VERSION &&
+        (h[7] != g_multi_gpu.world || h[8] != model.zero_stage || h[9] != g_multi_gpu.rank)) {
+        fprintf(stderr, "Error: training state '%s' was written by rank %d of a run on %d GPU(s) with ZeRO stage %d; "
+                        "this is rank %d of %d GPU(s) with stage %d: resume with the same number of GPUs and -Z\n",
+                path.c_str(), h[9], h[7], h[8], g_multi_gpu.rank, g_multi_gpu.world, model.zero_stage);
+        fail_exit();
+    }
+    size_t opt_count = (size_t)(uint32_t)h[10] | ((size_t)(uint32_t)h[11] << 32);
+    if (h[0] == STATE_MAGIC && h[1] == STATE_VERSION && opt_count != model.opt_count) {
+        fprintf(stderr, "Error: training state '%s' holds %zu optimizer elements, this run needs %zu\n", path.c_str(),
+                opt_count, model.opt_count);
+        fail_exit();
+    }
     size_t num_params = (size_t)(uint32_t)h[4] | ((size_t)(uint32_t)h[5] << 32);
     int has_master = model.master.ptr != nullptr;
 #if defined(ENABLE_FP32)
@@ -490,9 +712,9 @@ static void load_training_state(const std::string& path, Llama3& model, int* ste
         fail_exit();
     }
     *step = h[2];
-    std::vector<float> host(model.num_params);
+    std::vector<float> host(model.opt_count);
     for (int which = model.master.ptr ? 0 : 1; which <= 2; which++) {
-        freadCheck(host.data(), sizeof(float), model.num_params, fp, "optimizer state");
+        freadCheck(host.data(), sizeof(float), model.opt_count, fp, "optimizer state");
         model.state_from_host(which, host);
     }
     loader.load_state(fp, path.c_str());
@@ -542,6 +764,7 @@ struct Options {
     float peak_tflops = 0.0f;  // 0: from the GPU's name
     int recompute = 1, master_weights = 1, profile = 0;
     const char* optimizer_state = "fp32";
+    int zero_stage = 1, overlap_reduction = 1, collective_timeout = 600;
 };
 
 static void usage(const Options& d) {
@@ -584,6 +807,13 @@ static void usage(const Options& d) {
     printf("  -O <type>   AdamW m and v in fp32 or bf16 (stochastic rounding) (default %s)\n", d.optimizer_state);
     printf("  -p <0|1>    profile: time each region of the step with CUDA events, print a table (default %d)\n",
            d.profile);
+    printf("Several GPUs (mpirun -np N ./train_llama3cu ...: one process per GPU, -b is per GPU):\n");
+    printf("  -Z <0|1|2>  ZeRO stage: 0 all-reduce, every GPU keeps the whole optimizer state; 1 each GPU keeps 1/N of\n"
+           "              the master weights and AdamW state; 2 also 1/N of the gradients (default %d)\n", d.zero_stage);
+    printf("  -Q <0|1>    overlap the gradient reduction with the backward (default %d; 0 waits for each layer's)\n",
+           d.overlap_reduction);
+    printf("  -T <int>    seconds to wait for a collective before declaring a rank lost and stopping all (default %d)\n",
+           d.collective_timeout);
     printf("  -P <float>  peak TFLOP/s for MFU (default: from the GPU name; H100/H200 989 bf16)\n");
     printf("  -h          this help\n");
 }
@@ -671,6 +901,9 @@ static Options parse_options(int argc, char** argv) {
             case 'R': o.recompute = (int)parse_int(flag, val, 0, 2); break;
             case 'W': o.master_weights = (int)parse_int(flag, val, 0, 1); break;
             case 'p': o.profile = (int)parse_int(flag, val, 0, 1); break;
+            case 'Z': o.zero_stage = (int)parse_int(flag, val, 0, 2); break;
+            case 'Q': o.overlap_reduction = (int)parse_int(flag, val, 0, 1); break;
+            case 'T': o.collective_timeout = (int)parse_int(flag, val, 1, 1 << 30); break;
             case 'O':
                 if (strcmp(val, "fp32") != 0 && strcmp(val, "bf16") != 0) bad_flag(flag, val, "not fp32 or bf16");
                 o.optimizer_state = val;
@@ -728,18 +961,32 @@ static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, 
 }
 
 int main(int argc, char** argv) {
+    multi_gpu_init(&argc, &argv);
+    const MultiGpu& mg = g_multi_gpu;
     Options opt = parse_options(argc, argv);
     setvbuf(stdout, nullptr, _IOLBF, 0);
+    if (mg.rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) {  // rank 0 alone prints; errors: every rank
+        fprintf(stderr, "Error: [rank %d] could not redirect stdout: %s\n", mg.rank, strerror(errno));
+        fail_exit();
+    }
 
     int device_count = 0;
     cudaError_t err = cudaGetDeviceCount(&device_count);
     if (err != cudaSuccess || device_count == 0) {
-        fprintf(stderr, "Error: no CUDA GPU available (%s); train_llama3cu needs one\n",
+        fprintf(stderr, "Error: [rank %d] no CUDA GPU available (%s); train_llama3cu needs one\n", mg.rank,
                 err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-        return 1;
+        fail_exit();
     }
+    if (mg.local_rank >= device_count) {
+        fprintf(stderr, "Error: [rank %d] local rank %d but this host has %d GPU(s): start at most one process per "
+                        "GPU\n", mg.rank, mg.local_rank, device_count);
+        fail_exit();
+    }
+    cudaCheck(cudaSetDevice(mg.local_rank));
+    g_multi_gpu.timeout_s = opt.collective_timeout;
+    multi_gpu_init_nccl();
     cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    cudaCheck(cudaGetDeviceProperties(&prop, mg.local_rank));
     cudaCheck(cudaFree(nullptr));  // create the context, so the baseline below excludes it
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -753,24 +1000,26 @@ int main(int argc, char** argv) {
     }
     if (!from_file && !from_name) {
         fprintf(stderr, "Error: give a checkpoint (-e model.bin) or a config to train from scratch (-c d12)\n");
-        return 1;
+        fail_exit();
     }
     std::string out_dir = opt.out_dir;
     if (!out_dir.empty() && !make_dirs(out_dir)) {
         fprintf(stderr, "Error: could not create output dir '%s': %s\n", out_dir.c_str(), strerror(errno));
-        return 1;
+        fail_exit();
     }
     std::vector<int> previous = out_dir.empty() ? std::vector<int>() : saved_steps(out_dir);
     if (opt.resume && out_dir.empty()) bad_flag("-y", "1", "resuming needs an output dir (-o)");
     if (opt.resume && previous.empty()) {
         fprintf(stderr, "Error: -y 1 but no checkpoint (state_*.bin) in '%s'\n", out_dir.c_str());
-        return 1;
+        fail_exit();
     }
 
     Llama3 model;
     cudaCheck(cudaStreamCreate(&model.stream));
     model.use_master = opt.master_weights != 0;
     model.bf16_state = strcmp(opt.optimizer_state, "bf16") == 0;
+    model.zero_stage = opt.zero_stage;
+    model.overlap_reduction = opt.overlap_reduction != 0;
     model.recompute = opt.recompute;
     model.profiler.timing = opt.profile != 0;
     model.profiler.stream = model.stream;
@@ -792,7 +1041,7 @@ int main(int argc, char** argv) {
             fprintf(stderr, "Error: checkpoint '%s' (C=%d L=%d H=%d KV=%d F=%d V=%d) disagrees with -c %s -d %d\n",
                     opt.model_path, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.ffn_hidden, c.vocab_size,
                     opt.config_name, opt.depth);
-            return 1;
+            fail_exit();
         }
     }
     if (opt.T > c.max_seq_len) {
@@ -800,32 +1049,33 @@ int main(int argc, char** argv) {
         snprintf(why, sizeof(why), "above the model's max_seq_len %d", c.max_seq_len);
         bad_flag("-t", std::to_string(opt.T).c_str(), why);
     }
-    long tokens_per_micro = (long)opt.B * opt.T;
-    long total_batch = opt.total_batch > 0 ? opt.total_batch : tokens_per_micro;
-    if (total_batch % tokens_per_micro != 0) {
-        fprintf(stderr, "Error: -g %ld is not a multiple of B*T = %d*%d = %ld\n", total_batch, opt.B, opt.T,
-                tokens_per_micro);
-        return 1;
+    long tokens_per_micro = (long)opt.B * opt.T;  // per GPU
+    long tokens_per_round = tokens_per_micro * mg.world;  // one micro-batch on every GPU
+    long total_batch = opt.total_batch > 0 ? opt.total_batch : tokens_per_round;
+    if (total_batch % tokens_per_round != 0) {
+        fprintf(stderr, "Error: -g %ld is not a multiple of B*T*GPUs = %d*%d*%d = %ld\n", total_batch, opt.B, opt.T,
+                mg.world, tokens_per_round);
+        fail_exit();
     }
-    int grad_accum = (int)(total_batch / tokens_per_micro);
+    int grad_accum = (int)(total_batch / tokens_per_round);
 
-    // --- data
+    // --- data: each rank reads its own part of every batch
     DataLoader train_loader, val_loader;
-    train_loader.init(opt.train_pattern, opt.B, opt.T, 0, 1, opt.shuffle, opt.seed, c.vocab_size);
+    train_loader.init(opt.train_pattern, opt.B, opt.T, mg.rank, mg.world, opt.shuffle, opt.seed, c.vocab_size);
     bool have_val = opt.val_pattern[0] != '\0' && opt.val_every > 0;
-    if (have_val) val_loader.init_eval(opt.val_pattern, opt.B, opt.T, 0, 1, c.vocab_size);
+    if (have_val) val_loader.init_eval(opt.val_pattern, opt.B, opt.T, mg.rank, mg.world, c.vocab_size);
     Tokenizer tokenizer;
     bool have_tokenizer = opt.tokenizer_path[0] != '\0';
     if (have_tokenizer) tokenizer.init(opt.tokenizer_path);
     if (have_tokenizer && tokenizer.vocab_size < c.vocab_size) {
         fprintf(stderr, "Error: tokenizer '%s' has %d tokens, the model %d\n", opt.tokenizer_path,
                 tokenizer.vocab_size, c.vocab_size);
-        return 1;
+        fail_exit();
     }
     int max_steps = opt.max_steps >= 0 ? opt.max_steps : (int)(train_loader.num_batches() / grad_accum);
     uint64_t sampler_rng = opt.seed * 0x9E3779B97F4A7C15ull + 1;
     if (opt.resume) {
-        load_training_state(step_path(out_dir, "state", previous.back()), model, &start_step, train_loader,
+        load_training_state(state_path(out_dir, previous.back(), mg.rank), model, &start_step, train_loader,
                             &sampler_rng);
         printf("resumed from %s at step %d\n", step_path(out_dir, "state", previous.back()).c_str(), start_step);
     }
@@ -836,19 +1086,27 @@ int main(int argc, char** argv) {
     LRSchedule schedule{schedule_type, opt.lr, opt.warmup, max_steps, opt.final_fraction};
     float peak = opt.peak_tflops > 0 ? opt.peak_tflops : peak_tflops_for(prop.name);
     double flops_per_step = model.flops_per_token(opt.T) * (double)total_batch;
+    double peak_all = peak * mg.world;  // MFU: of all the GPUs together
 
-    printf("device: %s | precision %s | peak %.0f TFLOP/s for MFU\n", prop.name, PRECISION_NAME, peak);
+    printf("device: %d x %s | precision %s | peak %.0f TFLOP/s per GPU for MFU\n", mg.world, prop.name,
+           PRECISION_NAME, peak);
     printf("model: V=%d C=%d L=%d H=%d KV=%d F=%d max_seq_len=%d tied=%d rope_scaling=%d | %.1fM parameters\n",
            c.vocab_size, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.ffn_hidden, c.max_seq_len, c.tied_embeddings,
            c.use_rope_scaling, model.num_params / 1e6);
-    printf("batch: B=%d T=%d grad_accum=%d (%ld tokens/step) | steps %d..%d | train tokens %lld\n", opt.B, opt.T,
-           grad_accum, total_batch, start_step + 1, max_steps, (long long)train_loader.total_tokens);
+    printf("batch: B=%d T=%d per GPU x %d GPU(s) x grad_accum %d = %ld tokens/step | steps %d..%d | train tokens %lld\n",
+           opt.B, opt.T, mg.world, grad_accum, total_batch, start_step + 1, max_steps,
+           (long long)train_loader.total_tokens);
+    if (mg.world > 1) {
+        printf("multi-GPU: ZeRO stage %d | optimizer state per GPU: %zu of %zu elements | gradient reduction %s\n",
+               model.zero_stage, model.opt_count, model.num_params,
+               model.overlap_reduction ? "overlapped with the backward" : "not overlapped (-Q 0)");
+    }
     printf("flops/token %.3e (6 x matmul weights + 6 L H hd T causal attention)\n", model.flops_per_token(opt.T));
     printf("memory: recompute level %d, master weights %s, AdamW state %s; mem = device memory in use beyond the CUDA "
            "context\n", model.recompute, model.master.ptr ? "fp32" : "none", model.bf16_state ? "bf16" : "fp32");
 
     FILE* log = nullptr;
-    if (!out_dir.empty()) log = fopenCheck((out_dir + "/log.txt").c_str(), opt.resume ? "a" : "w");
+    if (!out_dir.empty() && mg.rank == 0) log = fopenCheck((out_dir + "/log.txt").c_str(), opt.resume ? "a" : "w");
 
     auto evaluate = [&](int step) {
         ProfilerPause pause(model.profiler);
@@ -860,6 +1118,8 @@ int main(int argc, char** argv) {
             sum += model.mean_loss(opt.B * opt.T);
             batches++;
         }
+        // every rank ran the same number of batches (the loader gives each its part of every sample)
+        sum = all_reduce_sum(sum, model.reduce_scratch.ptr, model.stream) / mg.world;
         float val_loss = batches > 0 ? (float)(sum / batches) : NAN;
         printf("step %d | val loss %.6f (%d batches)\n", step, val_loss, batches);
         if (log) { fprintf(log, "step %d val_loss %.6f\n", step, val_loss); fflush(log); }
@@ -868,26 +1128,29 @@ int main(int argc, char** argv) {
     size_t peak_used = 0;
     std::vector<double> step_times;
     for (int step = start_step + 1; step <= max_steps; step++) {
-        cudaCheck(cudaStreamSynchronize(model.stream));
+        stream_sync(model.stream);
         auto t0 = std::chrono::steady_clock::now();
         model.zero_grad();
         double loss_sum = 0.0;
         for (int micro = 0; micro < grad_accum; micro++) {
             train_loader.next_batch();  // endless: epochs follow one another
             model.forward(train_loader.inputs.data(), train_loader.targets.data(), opt.B, opt.T,
-                          1.0f / (float)(tokens_per_micro * grad_accum));
-            model.backward(opt.B, opt.T);
+                          1.0f / (float)(total_batch));
+            // several GPUs: stages 0 and 1 sum the gradients once they are complete (the last micro-batch),
+            // stage 2 every micro-batch into the gradient shard
+            bool reduce = mg.world > 1 && (model.zero_stage == 2 || micro == grad_accum - 1);
+            model.backward(opt.B, opt.T, reduce, micro > 0);
             loss_sum += model.mean_loss(opt.B * opt.T);
         }
-        float loss = (float)(loss_sum / grad_accum);
+        float loss = (float)(all_reduce_sum(loss_sum, model.reduce_scratch.ptr, model.stream) / (grad_accum * mg.world));
         float norm = model.grad_norm();
         float grad_scale = opt.grad_clip > 0.0f ? std::min(1.0f, opt.grad_clip / (norm + 1e-6f)) : 1.0f;
         float lr = schedule.at(step - 1);
         model.update(lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, grad_scale, step, (unsigned int)opt.seed);
-        cudaCheck(cudaStreamSynchronize(model.stream));
+        stream_sync(model.stream);
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         double tok_s = total_batch / (ms / 1000.0);
-        double mfu = peak > 0 ? flops_per_step / (ms / 1000.0) / (peak * 1e12) * 100.0 : 0.0;
+        double mfu = peak > 0 ? flops_per_step / (ms / 1000.0) / (peak_all * 1e12) * 100.0 : 0.0;
         cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
         size_t used = total_bytes - free_bytes - baseline_used;
         peak_used = std::max(peak_used, used);
@@ -900,16 +1163,18 @@ int main(int argc, char** argv) {
             fflush(log);
         }
         if (have_val && (step % opt.val_every == 0 || step == max_steps)) evaluate(step);
-        if (have_tokenizer && opt.sample_every > 0 && (step % opt.sample_every == 0 || step == max_steps))
+        if (have_tokenizer && opt.sample_every > 0 && (step % opt.sample_every == 0 || step == max_steps) &&
+            mg.rank == 0)
             print_sample(model, tokenizer, opt.sample_length, &sampler_rng);
         if (!out_dir.empty() && opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == max_steps)) {
             save_training_state(out_dir, model, step, train_loader, sampler_rng);
-            std::vector<int> steps = saved_steps(out_dir);
-            for (size_t i = 0; i + opt.keep_checkpoints < steps.size(); i++) {
-                remove(step_path(out_dir, "state", steps[i]).c_str());
-                remove(step_path(out_dir, "model", steps[i]).c_str());
+            if (mg.rank == 0) {
+                std::vector<int> steps = saved_steps(out_dir);
+                for (size_t i = 0; i + opt.keep_checkpoints < steps.size(); i++) {
+                    remove_checkpoint(out_dir, steps[i], mg.world);
+                }
+                printf("saved checkpoint %s\n", step_path(out_dir, "state", step).c_str());
             }
-            printf("saved checkpoint %s\n", step_path(out_dir, "state", step).c_str());
         }
     }
     if (step_times.size() >= 2) {  // the median over the steps after warm-up (the first 3, or 1 in short runs)
@@ -919,13 +1184,14 @@ int main(int argc, char** argv) {
         double median_ms = steady[steady.size() / 2];
         printf("summary: median step %.2f ms over %zu steps | %.0f tok/s | MFU %.1f%% | peak mem %.2f GiB\n",
                median_ms, steady.size(), total_batch / (median_ms / 1000.0),
-               peak > 0 ? flops_per_step / (median_ms / 1000.0) / (peak * 1e12) * 100.0 : 0.0,
+               peak > 0 ? flops_per_step / (median_ms / 1000.0) / (peak_all * 1e12) * 100.0 : 0.0,
                peak_used / 1073741824.0);
         model.profiler.report(median_ms);
     }
     if (log) fcloseCheck(log);
     matmul_destroy();
     cudaCheck(cudaStreamDestroy(model.stream));
+    multi_gpu_finish();
     return 0;
 }
 #endif

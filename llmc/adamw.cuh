@@ -68,7 +68,7 @@ __device__ __forceinline__ void adamw_store_state(__nv_bfloat16* dst, float x, u
 template <typename State>
 __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, State* m, State* v, size_t n,
                              float beta1, float beta2, float step_size, float sqrt_bc2, float decay, float eps,
-                             float grad_scale, unsigned int seed, unsigned int step) {
+                             float grad_scale, unsigned int seed, unsigned int step, size_t index_offset) {
     // Two streams: one for the parameter, one whose low and high 16 bits round m and v (bf16 state only; with fp32
     // state the bits are unused and the compiler drops them).
     const unsigned int param_stream = adamw_stream(seed, step), state_stream = adamw_stream(seed ^ 0x6d6d7676u, step);
@@ -77,13 +77,13 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
         float p = master != nullptr ? master[i] : to_float(params[i]);
         float mi = beta1 * to_float(m[i]) + (1.0f - beta1) * g;
         float vi = beta2 * to_float(v[i]) + (1.0f - beta2) * g * g;
-        const unsigned int state_bits = adamw_random_bits(state_stream, i);
+        const unsigned int state_bits = adamw_random_bits(state_stream, index_offset + i);
         adamw_store_state(m + i, mi, state_bits);
         adamw_store_state(v + i, vi, state_bits >> 16);
         p *= decay;
         p -= step_size * (mi / (sqrtf(vi) / sqrt_bc2 + eps));
         if (master != nullptr) master[i] = p;
-        adamw_store_param(params + i, p, adamw_random_bits(param_stream, i));
+        adamw_store_param(params + i, p, adamw_random_bits(param_stream, index_offset + i));
     }
 }
 
@@ -91,10 +91,12 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
 // before step 1.
 // weight_decay applies to every element passed: call separately (weight_decay = 0) for the norm gains.
 // seed: any value; the bits also depend on step, so a fixed seed still gives fresh rounding every step.
+// index_offset: the position of element 0 within its tensor, so that a slice updated on its own (a rank's shard of
+// the optimizer, llmc/multi_gpu.cuh) draws the same random bits as the whole tensor updated at once.
 template <typename State>
 inline void adamw_update(floatX* params, float* master, const floatX* grads, State* m, State* v, size_t n, float lr,
                          float beta1, float beta2, int step, float eps, float weight_decay, float grad_scale,
-                         unsigned int seed, cudaStream_t stream) {
+                         unsigned int seed, cudaStream_t stream, size_t index_offset = 0) {
     if (n == 0) return;
     if (step < 1) {
         fprintf(stderr, "Error: adamw_update step %d, steps are 1-based\n", step);
@@ -111,6 +113,6 @@ inline void adamw_update(floatX* params, float* master, const floatX* grads, Sta
     size_t blocks = ceil_div<size_t>(n, block);
     unsigned grid = (unsigned)(blocks < 65536 ? blocks : 65536);
     adamw_kernel<<<grid, block, 0, stream>>>(params, master, grads, m, v, n, beta1, beta2, step_size, sqrt_bc2, decay,
-                                             eps, grad_scale, seed, (unsigned int)step);
+                                             eps, grad_scale, seed, (unsigned int)step, index_offset);
     cudaCheckLaunch();
 }

@@ -182,6 +182,10 @@ inline ParamTensors<T> point_params(T* base, const Llama3Config& c) {
 // 2-D tensors get weight decay; the norm gains do not.
 inline bool param_is_matrix(int i) { return !(i == 1 || i == 4 || i == 7); }
 
+// Tensors with one slice per layer (attn_norm, wqkv, wo, ffn_norm, w13, w2); the others are the embedding, the final
+// norm and the lm_head.
+inline bool param_is_per_layer(int i) { return i >= 1 && i <= 6; }
+
 inline void config_to_header(const Llama3Config& c, int dtype, int32_t header[CHECKPOINT_HEADER_SLOTS]) {
     memset(header, 0, CHECKPOINT_HEADER_SLOTS * sizeof(int32_t));
     header[0] = CHECKPOINT_MAGIC;

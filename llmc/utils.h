@@ -10,8 +10,12 @@
 #include <cstring>
 #include <string>
 
+// Called by fail_exit before it exits, when set: a multi-GPU run stops its other ranks there (llmc/multi_gpu.cuh).
+inline void (*g_fail_hook)() = nullptr;
+
 [[noreturn]] inline void fail_exit() {
     fflush(stdout);
+    if (g_fail_hook != nullptr) g_fail_hook();
     exit(EXIT_FAILURE);
 }
 

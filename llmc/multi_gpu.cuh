@@ -1,0 +1,325 @@
+// Data parallel training over several GPUs: one process per GPU, launched by MPI, collectives through NCCL, and the
+// ZeRO sharding of the optimizer state (stage 1) and of the gradients (stage 2).
+//
+// Processes. MPI (mpirun, or srun with MPI) starts one process per GPU and hands the NCCL id from rank 0 to the
+// others; every collective afterwards is NCCL. Each rank takes the GPU of its local rank (its index among the ranks
+// of its host). A binary started without a launcher runs as one rank and touches neither MPI nor NCCL, so the
+// single-GPU path is the plain trainer. Built with USE_MPI=0 (no MPI or NCCL at hand) only one rank exists.
+//
+// Slices. The flat parameter buffer (llmc/checkpoint.h order) is cut into slices: each layer's part of each per-layer
+// tensor (attn_norm[l], wqkv[l], ...) and the whole of each other tensor (tok_embedding, final_norm, lm_head). A
+// slice of S elements is split into N equal parts (N ranks; S % N == 0 is required) and rank r owns part r,
+// elements [offset + r S/N, offset + (r+1) S/N). A rank's shard is its parts of every slice, back to back in flat
+// order, num_params / N elements; slice k's part starts at shard offset offset_k / N.
+//
+// Stages (-Z):
+//   0  every rank reduces the whole gradient (all-reduce) and keeps the whole optimizer state; all update everything.
+//   1  the optimizer state (fp32 master weights, m, v) exists for the rank's shard only; gradients are summed with a
+//      reduce-scatter into the rank's gradient shard, the rank updates its parts of the parameters, and an
+//      all-gather brings everyone's parts to every rank.
+//   2  as 1, and no rank holds the whole gradient: the backward writes each layer's gradients into one of two
+//      layer-sized buffers and the head tensors' into a third, each is reduce-scattered as soon as it is complete,
+//      and the rank's part is added into its gradient shard (every micro-batch, so gradient accumulation works).
+// Gradients are reduced as soon as the backward has produced them: each layer's slices (one NCCL group) on a
+// second stream while the backward goes on with the layers below; the head tensors (embedding, final norm, lm_head)
+// form the last group, which the step waits for.
+//
+// Determinism: the same ranks, flags and seed give bit-identical results (NCCL's reduction order is fixed for a
+// given communicator; every sum here has one fixed order). Stage 1 updates each element exactly as stage 0 does:
+// the sum of N values does not depend on the collective, and the optimizer draws its stochastic-rounding bits by
+// the element's index within its tensor (llmc/adamw.cuh index_offset).
+//
+// Errors: any rank that stops (a bad file, out of memory, a CUDA or NCCL error) goes through fail_exit, which here
+// aborts the whole MPI job, so no rank waits forever on a peer that is gone. A rank whose collectives do not finish
+// within the timeout (-T; a peer hangs) aborts its NCCL communicator and then the job, with a message naming it.
+#pragma once
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "checkpoint.h"
+#include "cuda_common.h"
+
+#if defined(USE_MPI)
+#include <mpi.h>
+#include <nccl.h>
+
+inline void nccl_check(ncclResult_t status, const char* file, int line) {
+    if (status != ncclSuccess) {
+        fprintf(stderr, "NCCL error: %s [%s:%d]\n", ncclGetErrorString(status), file, line);
+        fail_exit();
+    }
+}
+#define ncclCheck(status) nccl_check((status), __FILE__, __LINE__)
+
+#if defined(ENABLE_FP32)
+constexpr ncclDataType_t NCCL_FLOATX = ncclFloat;
+#else
+constexpr ncclDataType_t NCCL_FLOATX = ncclBfloat16;
+#endif
+#endif
+
+// The processes of the run. One global, as the error path (fail_exit's hook) needs it too.
+struct MultiGpu {
+    int rank = 0, world = 1, local_rank = 0;
+    int timeout_s = 600;  // a collective that takes longer means a peer is gone or stuck
+#if defined(USE_MPI)
+    ncclComm_t comm = nullptr;
+    bool mpi = false;
+#endif
+};
+inline MultiGpu g_multi_gpu;
+
+// True when a launcher (OpenMPI's mpirun, a PMI/PMIx launcher such as srun) started this process.
+inline bool started_by_launcher() {
+    const char* vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "PMI_RANK"};
+    for (const char* v : vars) {
+        if (getenv(v) != nullptr) return true;
+    }
+    return false;
+}
+
+#if defined(USE_MPI)
+// fail_exit's hook under MPI: stop every rank (MPI_Abort) instead of leaving them waiting in a collective.
+inline void multi_gpu_abort_job() {
+    fprintf(stderr, "[rank %d of %d] stopped (error above); aborting all ranks\n", g_multi_gpu.rank,
+            g_multi_gpu.world);
+    fflush(stderr);
+    fflush(stdout);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+#endif
+
+// Starts MPI when launched by one, picks this rank's GPU. NCCL comes later (multi_gpu_init_nccl), once the GPU is set.
+inline void multi_gpu_init(int* argc, char*** argv) {
+    MultiGpu& mg = g_multi_gpu;
+    if (!started_by_launcher()) return;
+#if defined(USE_MPI)
+    int provided;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "Error: MPI_Init failed\n");
+        exit(EXIT_FAILURE);
+    }
+    mg.mpi = true;
+    MPI_Comm_rank(MPI_COMM_WORLD, &mg.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &mg.world);
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, mg.rank, MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &mg.local_rank);
+    MPI_Comm_free(&local);
+    if (mg.world > 1) g_fail_hook = multi_gpu_abort_job;
+#else
+    (void)argc;
+    (void)argv;
+    const char* size = getenv("OMPI_COMM_WORLD_SIZE");
+    if (size == nullptr) size = getenv("PMI_SIZE");
+    if (size != nullptr && atoi(size) > 1) {
+        fprintf(stderr, "Error: started by an MPI launcher with %s ranks, but this binary was built without MPI and "
+                        "NCCL (USE_MPI=0); rebuild with USE_MPI=1\n", size);
+        exit(EXIT_FAILURE);
+    }
+#endif
+}
+
+// Every rank: the NCCL communicator (rank 0 makes the id, MPI broadcasts it). Call after cudaSetDevice.
+inline void multi_gpu_init_nccl() {
+#if defined(USE_MPI)
+    MultiGpu& mg = g_multi_gpu;
+    if (mg.world == 1) return;
+    ncclUniqueId id;
+    if (mg.rank == 0) ncclCheck(ncclGetUniqueId(&id));
+    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+    ncclCheck(ncclCommInitRank(&mg.comm, mg.world, id, mg.rank));
+#endif
+}
+
+inline void multi_gpu_finish() {
+#if defined(USE_MPI)
+    MultiGpu& mg = g_multi_gpu;
+    if (mg.comm != nullptr) ncclCheck(ncclCommDestroy(mg.comm));
+    if (mg.mpi) MPI_Finalize();
+#endif
+}
+
+// cudaStreamSynchronize that gives up on a collective that never finishes: after timeout_s it aborts the NCCL
+// communicator and the job, naming this rank. With one rank it is the plain synchronize.
+inline void stream_sync(cudaStream_t stream) {
+#if defined(USE_MPI)
+    MultiGpu& mg = g_multi_gpu;
+    if (mg.comm != nullptr) {
+        auto start = std::chrono::steady_clock::now();
+        for (;;) {
+            cudaError_t err = cudaStreamQuery(stream);
+            if (err == cudaSuccess) return;
+            if (err != cudaErrorNotReady) cudaCheck(err);
+            ncclResult_t async_err;
+            ncclCheck(ncclCommGetAsyncError(mg.comm, &async_err));
+            ncclCheck(async_err);
+            double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            if (waited > mg.timeout_s) {
+                fprintf(stderr, "Error: [rank %d of %d] collectives did not finish within %d s (-T): another rank "
+                                "stopped answering; aborting NCCL and the job\n", mg.rank, mg.world, mg.timeout_s);
+                ncclCommAbort(mg.comm);
+                mg.comm = nullptr;
+                fail_exit();
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(waited < 1.0 ? 20 : 1000));
+        }
+    }
+#endif
+    cudaCheck(cudaStreamSynchronize(stream));
+}
+
+// The sum over ranks of a host value, the same on every rank (fixed order). `scratch`: one device double.
+inline double all_reduce_sum(double value, double* scratch, cudaStream_t stream) {
+#if defined(USE_MPI)
+    MultiGpu& mg = g_multi_gpu;
+    if (mg.world > 1) {
+        cudaCheck(cudaMemcpyAsync(scratch, &value, sizeof(double), cudaMemcpyHostToDevice, stream));
+        ncclCheck(ncclAllReduce(scratch, scratch, 1, ncclFloat64, ncclSum, mg.comm, stream));
+        cudaCheck(cudaMemcpyAsync(&value, scratch, sizeof(double), cudaMemcpyDeviceToHost, stream));
+        stream_sync(stream);
+    }
+#else
+    (void)scratch;
+    (void)stream;
+#endif
+    return value;
+}
+
+// In-place sum over ranks of a device float buffer (the grad norm's partial sums).
+inline void all_reduce_sum_device(float* values, size_t count, cudaStream_t stream) {
+#if defined(USE_MPI)
+    if (g_multi_gpu.world > 1) ncclCheck(ncclAllReduce(values, values, count, ncclFloat, ncclSum, g_multi_gpu.comm,
+                                                       stream));
+#else
+    (void)values;
+    (void)count;
+    (void)stream;
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Slices and shards
+
+struct ParamSlice {
+    int tensor;          // index in ParamLayout
+    int layer;           // -1 for the tensors outside the layers
+    size_t offset;       // in the flat parameter buffer
+    size_t size;         // elements; a multiple of the number of ranks
+    size_t tensor_offset;  // offset of the slice within its tensor
+};
+
+struct ShardLayout {
+    int world = 1, rank = 0;
+    size_t shard_size = 0;              // num_params / world
+    std::vector<ParamSlice> slices;     // flat order
+    std::vector<std::vector<int>> layer_slices;  // per layer, its slices' indices
+    std::vector<int> head_slices;       // slices of the tensors outside the layers
+
+    size_t part(const ParamSlice& s) const { return s.size / world; }                  // elements a rank owns
+    size_t shard_offset(const ParamSlice& s) const { return s.offset / world; }        // in the shard buffers
+    size_t owned_offset(const ParamSlice& s) const { return s.offset + rank * part(s); }  // in the flat buffer
+};
+
+// Returns false (with why) when some slice does not split evenly over the ranks.
+inline bool make_shard_layout(const Llama3Config& c, int world, int rank, ShardLayout* out, std::string* why) {
+    ParamLayout layout = param_layout(c);
+    ShardLayout s;
+    s.world = world;
+    s.rank = rank;
+    s.layer_slices.assign(c.n_layers, {});
+    size_t offset = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        size_t size = layout.sizes[t];
+        if (size == 0) continue;
+        bool per_layer = param_is_per_layer(t);
+        int pieces = per_layer ? c.n_layers : 1;
+        size_t piece = size / pieces;
+        for (int l = 0; l < pieces; l++) {
+            if (piece % world != 0) {
+                char buf[192];
+                snprintf(buf, sizeof(buf), "%s%s has %zu elements, not a multiple of %d ranks", layout.names[t],
+                         per_layer ? " (per layer)" : "", piece, world);
+                *why = buf;
+                return false;
+            }
+            int index = (int)s.slices.size();
+            s.slices.push_back({t, per_layer ? l : -1, offset + l * piece, piece, l * piece});
+            if (per_layer) s.layer_slices[l].push_back(index);
+            else s.head_slices.push_back(index);
+        }
+        offset += size;
+    }
+    s.shard_size = offset / world;
+    *out = s;
+    return true;
+}
+
+// dst[i] = src[i] (assign) or dst[i] += src[i], in fp32: a stage-2 gradient shard gathering its micro-batches.
+__global__ void shard_accumulate_kernel(floatX* dst, const floatX* src, size_t n, bool assign) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = to_float(src[i]);
+        dst[i] = from_float<floatX>(assign ? x : to_float(dst[i]) + x);
+    }
+}
+
+inline void shard_accumulate(floatX* dst, const floatX* src, size_t n, bool assign, cudaStream_t stream) {
+    if (n == 0) return;
+    size_t blocks = ceil_div<size_t>(n, 256);
+    shard_accumulate_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, stream>>>(dst, src, n, assign);
+    cudaCheckLaunch();
+}
+
+// Sums the gradient slices `indices` over the ranks; slice indices[i] is read at src[i] (where the backward wrote it).
+//   stage 0: all-reduce in place.
+//   stage 1 and 2, accumulate false: reduce-scatter into the rank's gradient shard (overwriting it).
+//   stage 2, accumulate true: reduce-scatter in place (the rank's part lands at src + rank * part), then add it into
+//   the gradient shard.
+// One NCCL group per call, so a layer's slices go as one operation.
+inline void reduce_gradient_slices(const ShardLayout& s, const std::vector<int>& indices,
+                                   const std::vector<floatX*>& src, int stage, floatX* grad_shard, bool accumulate,
+                                   cudaStream_t stream) {
+#if defined(USE_MPI)
+    ncclComm_t comm = g_multi_gpu.comm;
+    ncclCheck(ncclGroupStart());
+    for (size_t i = 0; i < indices.size(); i++) {
+        const ParamSlice& slice = s.slices[indices[i]];
+        size_t part = s.part(slice);
+        if (stage == 0) {
+            ncclCheck(ncclAllReduce(src[i], src[i], slice.size, NCCL_FLOATX, ncclSum, comm, stream));
+        } else if (!accumulate) {
+            ncclCheck(ncclReduceScatter(src[i], grad_shard + s.shard_offset(slice), part, NCCL_FLOATX, ncclSum, comm,
+                                        stream));
+        } else {
+            ncclCheck(ncclReduceScatter(src[i], src[i] + s.rank * part, part, NCCL_FLOATX, ncclSum, comm, stream));
+        }
+    }
+    ncclCheck(ncclGroupEnd());
+    if (stage >= 1 && accumulate) {
+        for (size_t i = 0; i < indices.size(); i++) {
+            const ParamSlice& slice = s.slices[indices[i]];
+            shard_accumulate(grad_shard + s.shard_offset(slice), src[i] + s.rank * s.part(slice), s.part(slice), false,
+                             stream);
+        }
+    }
+#else
+    (void)s; (void)indices; (void)src; (void)stage; (void)grad_shard; (void)accumulate; (void)stream;
+#endif
+}
+
+// Stages 1 and 2, after the update: every rank's parts of the parameters to every rank (in place).
+inline void all_gather_params(const ShardLayout& s, floatX* params, cudaStream_t stream) {
+#if defined(USE_MPI)
+    ncclCheck(ncclGroupStart());
+    for (const ParamSlice& slice : s.slices) {
+        ncclCheck(ncclAllGather(params + s.owned_offset(slice), params + slice.offset, s.part(slice), NCCL_FLOATX,
+                                g_multi_gpu.comm, stream));
+    }
+    ncclCheck(ncclGroupEnd());
+#else
+    (void)s; (void)params; (void)stream;
+#endif
+}
