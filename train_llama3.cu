@@ -1139,7 +1139,7 @@ int main(int argc, char** argv) {
             // several GPUs: stages 0 and 1 sum the gradients once they are complete (the last micro-batch),
             // stage 2 every micro-batch into the gradient shard
             bool reduce = mg.world > 1 && (model.zero_stage == 2 || micro == grad_accum - 1);
-            model.backward(opt.B, opt.T, reduce, micro > 0);
+            model.backward(opt.B, opt.T, reduce, model.zero_stage == 2 && micro > 0);
             loss_sum += model.mean_loss(opt.B * opt.T);
         }
         float loss = (float)(all_reduce_sum(loss_sum, model.reduce_scratch.ptr, model.stream) / (grad_accum * mg.world));
@@ -1156,7 +1156,7 @@ int main(int argc, char** argv) {
         peak_used = std::max(peak_used, used);
         model.profiler.collect();
         step_times.push_back(ms);
-        printf("step %5d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%% | mem %.2f GiB\n",
+        printf("step %5d/%d | loss %.6f | norm %.6f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%% | mem %.2f GiB\n",
                step, max_steps, loss, norm, lr, ms, tok_s, mfu, used / 1073741824.0);
         if (log) {
             fprintf(log, "step %d train_loss %.6f norm %.4f lr %.4e ms %.2f\n", step, loss, norm, lr, ms);

@@ -94,9 +94,9 @@ inline void multi_gpu_abort_job() {
 
 // Starts MPI when launched by one, picks this rank's GPU. NCCL comes later (multi_gpu_init_nccl), once the GPU is set.
 inline void multi_gpu_init(int* argc, char*** argv) {
-    MultiGpu& mg = g_multi_gpu;
     if (!started_by_launcher()) return;
 #if defined(USE_MPI)
+    MultiGpu& mg = g_multi_gpu;
     int provided;
     if (MPI_Init_thread(argc, argv, MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) {
         fprintf(stderr, "Error: MPI_Init failed\n");

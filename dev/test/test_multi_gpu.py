@@ -1,0 +1,219 @@
+"""
+Multi-GPU tests: train_llama3cu on 2 GPUs through mpirun and NCCL. They need a machine with at least 2 GPUs and
+OpenMPI's mpirun; elsewhere they are skipped and say so.
+
+  - equivalence: d12 on 2 GPUs with micro-batch B against 1 GPU with micro-batch B and 2 gradient-accumulation steps
+    (the same global batch and token order), in FP32 (to 1e-5) and BF16 (the tie-out's bf16 bounds);
+  - ZeRO stages 0, 1 and 2 give bit-identical losses (without clipping), and a rerun gives the same run;
+  - resume on 2 GPUs reproduces the uninterrupted run bit for bit, for ZeRO-1 and ZeRO-2;
+  - resuming with another number of GPUs stops with a message saying what the checkpoint was written with;
+  - a rank that fails (a truncated state shard) stops every rank, naming itself; a rank that stops answering
+    (SIGSTOP) makes the others time out (-T) and stop, never hang.
+NCCL_NVLS_ENABLE=0 is set for every run (NVLink multicast stays off).
+"""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def gpu_count():
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        return out.stdout.count("GPU ") if out.returncode == 0 else 0
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+
+
+NOT_RUN = None
+if gpu_count() < 2:
+    NOT_RUN = f"needs 2 GPUs, this machine has {gpu_count()}"
+elif shutil.which("mpirun") is None:
+    NOT_RUN = "needs OpenMPI's mpirun"
+pytestmark = pytest.mark.skipif(NOT_RUN is not None, reason=f"multi-GPU tests not run: {NOT_RUN}")
+
+ENV = dict(os.environ, NCCL_NVLS_ENABLE="0", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
+def run(cmd, timeout=900):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=ENV)
+
+
+def mpirun(n, cmd):
+    return ["mpirun", "-np", str(n), "--bind-to", "none", "-x", "NCCL_NVLS_ENABLE", *cmd]
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """The trainer with MPI and NCCL in both precisions, built in a copy of the sources (the repo's binaries stay)."""
+    src = tmp_path_factory.mktemp("src")
+    for name in ("Makefile", "train_llama3.cu", "test_llama3.cu"):
+        shutil.copy(os.path.join(ROOT, name), src / name)
+    shutil.copytree(os.path.join(ROOT, "llmc"), src / "llmc")
+    bins = {}
+    for precision in ("FP32", "BF16"):
+        result = subprocess.run(["make", "train_llama3cu", f"PRECISION={precision}", "USE_MPI=1"], cwd=src,
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        bins[precision] = str(src / f"train_llama3cu_{precision}")
+        shutil.move(str(src / "train_llama3cu"), bins[precision])
+    return bins
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Learnable token shards: each token follows from the previous one by a fixed rule, with 10% noise."""
+    out = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+    count = 300000
+    noise = rng.integers(0, 2000, size=count)
+    tokens = np.zeros(count, dtype=np.uint32)
+    for i in range(1, count):
+        tokens[i] = noise[i] if noise[i] < 200 else (tokens[i - 1] * 7 + 3) % 2000
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = [20240801, 7, count]
+    with open(out / "tok_train.bin", "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+    return out
+
+
+def train_args(shards, out_dir, steps, *extra):
+    return ["-c", "d12", "-i", str(shards / "tok_train.bin"), "-j", "", "-o", str(out_dir), "-b", "4", "-t", "256",
+            "-x", str(steps), "-l", "1e-3", "-u", "2", "-f", "0", "-S", "7", "-n", "0", *extra]
+
+
+def steps_of(stdout):
+    """(step, loss, norm) of every step line."""
+    return [(int(s), float(l), float(n)) for s, l, n in
+            re.findall(r"step +(\d+)/\d+ \| loss (\S+) \| norm (\S+)", stdout)]
+
+
+def raw_steps(stdout):
+    return re.findall(r"step +(\d+)/\d+ \| loss (\S+) \| norm (\S+)", stdout)
+
+
+@pytest.mark.parametrize("precision", ["FP32", "BF16"])
+def test_two_gpus_match_one_gpu_with_accumulation(build, shards, tmp_path, precision):
+    one = run([build[precision], *train_args(shards, tmp_path / "one", 20, "-g", "2048")])
+    assert one.returncode == 0, one.stdout + one.stderr
+    two = run(mpirun(2, [build[precision], *train_args(shards, tmp_path / "two", 20)]))
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert "2 GPU(s) x grad_accum 1 = 2048 tokens/step" in two.stdout, two.stdout
+    a, b = steps_of(one.stdout), steps_of(two.stdout)
+    assert len(a) == len(b) == 20
+    # FP32: 1e-5 on losses and norms; BF16: the tie-out's bounds (2e-2 at step 1, 5e-2 later; norms 5e-2 relative)
+    loss_tol, norm_tol = (1e-5, 1e-5) if precision == "FP32" else (5e-2, 5e-2)
+    worst_loss = max(abs(x[1] - y[1]) for x, y in zip(a, b))
+    worst_norm = max(abs(x[2] - y[2]) / abs(x[2]) for x, y in zip(a, b))
+    identical = raw_steps(one.stdout) == raw_steps(two.stdout)
+    print(f"{precision}: max |loss diff| {worst_loss:.3e}, max norm rel diff {worst_norm:.3e}, "
+          f"printed values identical: {identical}")
+    assert abs(a[0][1] - b[0][1]) <= (1e-5 if precision == "FP32" else 2e-2)
+    assert worst_loss <= loss_tol, (a, b)
+    assert worst_norm <= norm_tol, (a, b)
+
+
+@pytest.mark.parametrize("precision", ["FP32", "BF16"])
+def test_zero_stages_agree_bit_for_bit(build, shards, tmp_path, precision):
+    """Without clipping the norm never enters the update, so stages 0, 1 and 2 must give the same bits."""
+    results = {}
+    for stage in ("0", "1", "2"):
+        r = run(mpirun(2, [build[precision], *train_args(shards, tmp_path / f"z{stage}", 8, "-G", "0", "-Z", stage)]))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"ZeRO stage {stage}" in r.stdout
+        results[stage] = [(s, l) for s, l, _ in raw_steps(r.stdout)]
+    assert len(results["0"]) == 8
+    assert results["0"] == results["1"] == results["2"], results
+    again = run(mpirun(2, [build[precision], *train_args(shards, tmp_path / "again", 8, "-G", "0", "-Z", "1")]))
+    assert [(s, l) for s, l, _ in raw_steps(again.stdout)] == results["1"]
+
+
+@pytest.mark.parametrize("options", [("-Z", "1"), ("-Z", "2"), ("-Z", "2", "-g", "4096"),
+                                     ("-Z", "1", "-W", "0", "-O", "bf16")])
+def test_resume_on_two_gpus_is_bit_identical(build, shards, tmp_path, options):
+    train = build["BF16"]
+    cmd = lambda name, *extra: mpirun(2, [train, *train_args(shards, tmp_path / name, 10, "-k", "constant", "-n", "5",
+                                                             *options, *extra)])
+    full = run(cmd("full"))
+    assert full.returncode == 0, full.stdout + full.stderr
+    part = run(cmd("part", "-x", "5"))
+    assert part.returncode == 0, part.stdout + part.stderr
+    names = sorted(os.listdir(tmp_path / "part"))
+    assert names == ["log.txt", "model_00000005.bin", "state_00000005.bin", "state_00000005_rank1.bin"], names
+    resumed = run(cmd("part", "-y", "1"))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    full_steps, resumed_steps = raw_steps(full.stdout), raw_steps(resumed.stdout)
+    assert len(full_steps) == 10
+    assert resumed_steps == full_steps[5:], (resumed.stdout, full.stdout)
+
+
+def test_resume_with_other_gpu_count_is_refused(build, shards, tmp_path):
+    train = build["BF16"]
+    first = run(mpirun(2, [train, *train_args(shards, tmp_path / "ck", 3, "-n", "3")]))
+    assert first.returncode == 0, first.stdout + first.stderr
+    single = run([train, *train_args(shards, tmp_path / "ck", 6, "-n", "3", "-y", "1")])
+    assert single.returncode == 1, single.stdout + single.stderr
+    assert "run on 2 GPU(s)" in single.stderr and "same number of GPUs" in single.stderr, single.stderr
+
+
+def test_failing_rank_stops_every_rank(build, shards, tmp_path):
+    train = build["BF16"]
+    first = run(mpirun(2, [train, *train_args(shards, tmp_path / "ck", 3, "-n", "3")]))
+    assert first.returncode == 0, first.stdout + first.stderr
+    shard = tmp_path / "ck" / "state_00000003_rank1.bin"
+    with open(shard, "r+b") as f:
+        f.truncate(os.path.getsize(shard) // 2)
+    start = time.time()
+    resumed = run(mpirun(2, [train, *train_args(shards, tmp_path / "ck", 6, "-n", "3", "-y", "1", "-T", "30")]),
+                  timeout=300)
+    assert resumed.returncode != 0 and resumed.returncode > 0
+    assert "file truncated" in resumed.stderr and "[rank 1 of 2] stopped" in resumed.stderr, resumed.stderr
+    assert time.time() - start < 120
+
+
+def rank_pid(marker, rank):
+    """The pid of the trainer process of `rank` whose command line contains marker."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if marker in cmdline and "train_llama3cu" in cmdline and f"OMPI_COMM_WORLD_RANK={rank}" in environ:
+            return int(pid)
+    return None
+
+
+def test_rank_that_stops_answering_times_out(build, shards, tmp_path):
+    out_dir = tmp_path / "stall"
+    cmd = mpirun(2, [build["BF16"], *train_args(shards, out_dir, 100000, "-T", "5")])
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:  # wait until it trains
+            log = out_dir / "log.txt"
+            if log.exists() and log.read_text().count("train_loss") >= 3:
+                break
+            time.sleep(0.5)
+        pid = rank_pid(str(out_dir), 1)
+        assert pid is not None, "rank 1 not found"
+        os.kill(pid, signal.SIGSTOP)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "did not finish within 5 s" in stderr and "[rank 0 of 2]" in stderr, stderr[-3000:]
