@@ -344,6 +344,7 @@ struct Llama3 {
     // Mean loss of the last forward on this rank (summed on the host in a fixed order: deterministic).
     float mean_loss(int N) {
         std::vector<float> losses(N);
+        stream_sync(stream);  // first: a copy to pageable memory would block without the collective timeout
         cudaCheck(cudaMemcpyAsync(losses.data(), acts.losses.ptr, N * sizeof(float), cudaMemcpyDeviceToHost, stream));
         stream_sync(stream);
         double sum = 0.0;
@@ -498,6 +499,7 @@ struct Llama3 {
         }
         global_norm_finish(acts.norm_value.ptr, acts.norm_partials.ptr, 1, stream);
         float norm;
+        stream_sync(stream);
         cudaCheck(cudaMemcpyAsync(&norm, acts.norm_value.ptr, sizeof(float), cudaMemcpyDeviceToHost, stream));
         stream_sync(stream);
         return norm;

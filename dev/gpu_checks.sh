@@ -12,12 +12,12 @@ stages=${*:-kernels tieout bench pytest}
 status=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 
-if [[ $stages == *kernels* ]]; then
+if [[ " $stages " == *" kernels "* ]]; then
     (make -C dev/cuda -j16 all && make -C dev/cuda run_all) > "$OUT/kernels.log" 2>&1 || status=1
     grep -E "FAIL|===|TFLOP|GB/s|passed" "$OUT/kernels.log" | tail -80
 fi
 
-if [[ $stages == *tieout* ]]; then
+if [[ " $stages " == *" tieout "* ]]; then
     dbg=$(mktemp -d)
     python3 scripts/train_llama3.py --config test-gqa -B 2 -T 13 --steps 10 --lr 3e-3 --device cuda \
         --write_model $dbg/gqa_model.bin --write_debug $dbg/gqa_debug.bin > /dev/null || status=1
@@ -33,7 +33,7 @@ if [[ $stages == *tieout* ]]; then
     done
 fi
 
-if [[ $stages == *bench* ]]; then
+if [[ " $stages " == *" bench "* ]]; then
     make -B -j16 train_llama3cu PRECISION=BF16 > /dev/null || status=1
     python3 scripts/bench_vs_pytorch.py --train data/tinyshakespeare/tiny_shakespeare_train.bin --out "$OUT" \
         --extra "" --extra "-O bf16" --extra "-W 0 -O bf16" --extra "-W 0 -O bf16 -R 0" > "$OUT/bench.log" 2>&1 || status=1
@@ -42,7 +42,7 @@ if [[ $stages == *bench* ]]; then
     tail -8 "$OUT/attention_vs_pytorch.log"
 fi
 
-if [[ $stages == *pytest* ]]; then
+if [[ " $stages " == *" pytest "* ]]; then
     python3 -m pytest -q -x dev/test/test_gpu.py > "$OUT/pytest_gpu.log" 2>&1 || status=1
     tail -15 "$OUT/pytest_gpu.log"
 fi
@@ -54,12 +54,12 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 gpus=$(nvidia-smi -L | grep -c GPU)
 
-if [[ $stages == *multigpu* ]]; then
+if [[ " $stages " == *" multigpu "* ]]; then
     python3 -m pytest -v -s dev/test/test_multi_gpu.py > "$OUT/pytest_multi_gpu.log" 2>&1 || status=1
     grep -E "PASSED|FAILED|SKIPPED|ERROR|max \|loss|passed|failed" "$OUT/pytest_multi_gpu.log" | tail -30
 fi
 
-if [[ $stages == *multibench* ]]; then
+if [[ " $stages " == *" multibench "* ]]; then
     mkdir -p .devdata && random_shard .devdata/random_train.bin 8000000
     make -j16 train_llama3cu PRECISION=BF16 > /dev/null || status=1
     python3 scripts/bench_multi_gpu.py --gpus "$gpus" --train .devdata/random_train.bin --out "$OUT" \
@@ -67,7 +67,7 @@ if [[ $stages == *multibench* ]]; then
     tail -22 "$OUT/bench_multi_gpu.log"
 fi
 
-if [[ $stages == *multi8b* ]]; then
+if [[ " $stages " == *" multi8b "* ]]; then
     mkdir -p .devdata && random_shard .devdata/random_train.bin 8000000
     make -j16 train_llama3cu PRECISION=BF16 > /dev/null || status=1
     mpirun -np "$gpus" --bind-to none -x NCCL_NVLS_ENABLE ./train_llama3cu -c llama3.1-8B -i .devdata/random_train.bin \

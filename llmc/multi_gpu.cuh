@@ -179,6 +179,7 @@ inline double all_reduce_sum(double value, double* scratch, cudaStream_t stream)
     if (mg.world > 1) {
         cudaCheck(cudaMemcpyAsync(scratch, &value, sizeof(double), cudaMemcpyHostToDevice, stream));
         ncclCheck(ncclAllReduce(scratch, scratch, 1, ncclFloat64, ncclSum, mg.comm, stream));
+        stream_sync(stream);  // a copy to pageable memory blocks until the stream is done: wait with the timeout first
         cudaCheck(cudaMemcpyAsync(&value, scratch, sizeof(double), cudaMemcpyDeviceToHost, stream));
         stream_sync(stream);
     }
