@@ -46,7 +46,7 @@ NVCC_FLAGS = -O3 -std=c++17 -I. $(GENCODE) $(PRECISION_FLAGS) --use_fast_math -X
 NVCC_LIBS = -lcublasLt -lcublas
 
 HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
-CPU_TARGETS = dev/cpu/test_llama3_cpu dev/test/test_dataloader dev/test/test_tokenizer
+CPU_TARGETS = dev/cpu/test_llama3_cpu dev/test/test_dataloader dev/test/test_tokenizer dev/test/test_reliability
 CUDA_TARGETS = train_llama3cu test_llama3cu
 
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)

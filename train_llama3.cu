@@ -550,7 +550,7 @@ struct Options {
 };
 
 static void usage(const Options& d) {
-    printf("Usage: ./train_llama3cu [options]\n");
+    printf("Usage: ./train_llama3cu [options]   (this build: %s)\n", PRECISION_NAME);
     printf("Model (one of -e or -c):\n");
     printf("  -e <path>   start from this checkpoint\n");
     printf("  -c <name>   from scratch: llama3.1-8B, llama3.2-1B, llama3.2-3B or dN (e.g. d12)\n");
@@ -917,7 +917,16 @@ int main(int argc, char** argv) {
                              &max_steps));
     bool has_master = sizeof(floatX) == 2 && opt.master_weights != 0;
     StateHeader resume_header = state_header_for(config, start_step, has_master, run.id, total_batch);
-    if (opt.resume) check_state_file(step_path(out_dir, "state", start_step), resume_header);
+    if (opt.resume) {
+        check_state_file(step_path(out_dir, "state", start_step), resume_header);
+        printf("resuming run %016llx in %s from step %d\n", (unsigned long long)run.id, out_dir.c_str(), start_step);
+    }
+    // the starting weights, when they come from a file: read and checked (sizes, finite values) here too
+    std::vector<float> initial_params;
+    if (opt.resume || opt.model_path[0] != '\0') {
+        std::string path = opt.resume ? step_path(out_dir, "model", start_step) : std::string(opt.model_path);
+        initial_params = load_checkpoint_fp32(path.c_str(), &config);
+    }
 
     // --- the GPU
     int device_count = 0;
@@ -943,10 +952,11 @@ int main(int argc, char** argv) {
     model.profiler.timing = opt.profile != 0;
     model.profiler.stream = model.stream;
     matmul_init(model.stream);
-    if (opt.resume) {
-        model.load(step_path(out_dir, "model", start_step).c_str());
-    } else if (opt.model_path[0] != '\0') {
-        model.load(opt.model_path);
+    if (!initial_params.empty()) {
+        model.config = config;
+        model.allocate_params();
+        model.upload_fp32(initial_params);
+        std::vector<float>().swap(initial_params);  // the host copy is no longer needed
     } else {
         model.init_from_scratch(config, opt.seed);
     }

@@ -69,7 +69,7 @@ inline std::string plan_steps(int64_t max_steps_flag, int64_t batches_per_epoch,
             return buf;
         }
     }
-    if (steps > INT_MAX / 2) {
+    if (steps > (1 << 30)) {
         snprintf(buf, sizeof(buf), "-x: %lld steps is more than 2^30", (long long)steps);
         return buf;
     }

@@ -115,7 +115,11 @@ inline std::string state_header_mismatch(const StateHeader& found, const StateHe
                  path.c_str(), what, got, want);
         return std::string(buf);
     };
-    if (found.step != expected.step) return differs("its step (the file name says another)", found.step, expected.step);
+    if (found.step != expected.step) {
+        snprintf(buf, sizeof(buf), "training state '%s' holds step %d, but its name says step %d (renamed or corrupt)",
+                 path.c_str(), found.step, expected.step);
+        return buf;
+    }
     if (found.run_id != expected.run_id) {
         snprintf(buf, sizeof(buf), "training state '%s' does not belong to this run: run id %016llx, expected %016llx "
                  "(run.txt)", path.c_str(), (unsigned long long)found.run_id, (unsigned long long)expected.run_id);
