@@ -4,7 +4,7 @@
 //   LLAMA3_FAULT="<label>[,<label>...]" ./train_llama3cu ...
 //
 // Labels (N a step, FILE a checkpoint file's name such as model_00000010.bin):
-//   write FILE    SIGKILL in the middle of writing FILE: its temporary file holds the header and part of the data
+//   write FILE    SIGKILL in the middle of writing FILE: its temporary file holds the header and none of the data
 //   rename FILE   SIGKILL once FILE's temporary file is complete and synced, before the rename
 //   step N        SIGKILL after step N is done (its line printed, its checkpoint saved), before step N + 1
 //   nan N         the loss of step N is replaced by NaN (exercises the non-finite handling)

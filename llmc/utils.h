@@ -89,8 +89,8 @@ inline void fwrite_check(const void* ptr, size_t size, size_t count, FILE* fp, c
         }
         fail_exit();
     }
-    // test hook: die with the header and part of the data on disk
-    if (temp && ++temp->writes == 2 && fault_requested("write " + temp->name)) {
+    // test hook: die with only the header (the first write) on disk
+    if (temp && ++temp->writes == 1 && fault_requested("write " + temp->name)) {
         fflush(fp);
         fault_kill_point("write " + temp->name);
     }

@@ -79,6 +79,24 @@ def test_atomic_write_succeeds(tmp_path):
     assert target.read_bytes() == b"x" * 5000 and os.listdir(tmp_path) == ["x.bin"]
 
 
+@pytest.mark.parametrize("point", ["write", "rename"])
+def test_fault_hook_kills_mid_write(tmp_path, point):
+    """LLAMA3_FAULT (llmc/fault.h), which the GPU crash tests use: SIGKILL with the temporary file on disk (partial
+    for write, complete for rename) and the previous file untouched."""
+    target = tmp_path / "state_00000006.bin"
+    target.write_bytes(b"previous")
+    result = subprocess.run([str(HELPER), "atomic", str(target), "5000"], capture_output=True, text=True,
+                            env=dict(os.environ, LLAMA3_FAULT=f"other,{point} state_00000006.bin"))
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert f"SIGKILL at '{point} state_00000006.bin'" in result.stderr
+    assert target.read_bytes() == b"previous"
+    assert (tmp_path / "state_00000006.bin.tmp").stat().st_size == 5000
+    # a label for another file does nothing
+    result = subprocess.run([str(HELPER), "atomic", str(target), "5000"], capture_output=True, text=True,
+                            env=dict(os.environ, LLAMA3_FAULT=f"{point} state_00000009.bin"))
+    assert result.returncode == 0 and target.read_bytes() == b"x" * 5000
+
+
 def test_atomic_write_to_a_directory(tmp_path):
     (tmp_path / "state_00000005.bin").mkdir()
     assert_refused(helper("atomic", tmp_path / "state_00000005.bin", 10), "state_00000005.bin", "is a directory")
