@@ -579,7 +579,7 @@ static void usage(const Options& d) {
     printf("  -L <int>    sample length in tokens (default %d)\n", d.sample_length);
     printf("  -o <dir>    output dir for log.txt and checkpoints, \"\" for none (default \"%s\")\n", d.out_dir);
     printf("  -n <int>    checkpoint every N steps, 0 never (default %d)\n", d.checkpoint_every);
-    printf("  -r <int>    keep the last N checkpoints (default %d)\n", d.keep_checkpoints);
+    printf("  -r <int>    keep this run's last N checkpoints (default %d)\n", d.keep_checkpoints);
     printf("  -y <0|1>    resume the run in -o from its newest checkpoint; -e/-c not needed (default %d)\n", d.resume);
     printf("  -F <0|1>    start a fresh run even if -o holds another run's checkpoints; they are left alone, neither\n"
            "              resumed nor deleted (default %d)\n", d.force);
@@ -1076,6 +1076,7 @@ int main(int argc, char** argv) {
         model.profiler.report(median_ms);
     }
     log.close();
+    flush_stdout_check();
     matmul_destroy();
     cudaCheck(cudaStreamDestroy(model.stream));
     return 0;
