@@ -8,7 +8,6 @@
 // floatX (llmc/cuda_common.h) is the type of parameters, activations and gradients: bf16, or fp32 for the exact
 // tie-out build. The optimizer keeps fp32 m, v and (in bf16 builds) fp32 master weights. Parameters and
 // gradients are each one flat buffer in checkpoint order (llmc/checkpoint.h), viewed through ParamTensors.
-#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
