@@ -73,7 +73,7 @@ ifeq ($(USE_MPI),1)
 endif
 
 HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
-CPU_TARGETS = dev/cpu/test_llama3_cpu dev/test/test_dataloader dev/test/test_tokenizer
+CPU_TARGETS = dev/cpu/test_llama3_cpu dev/test/test_dataloader dev/test/test_tokenizer dev/test/test_reliability
 CUDA_TARGETS = train_llama3cu test_llama3cu
 
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)

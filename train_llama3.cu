@@ -13,7 +13,6 @@
 // batch; gradients are summed over the ranks while the backward runs, and with -Z 1 or 2 each rank keeps only its
 // shard of the optimizer state (and with 2 of the gradients). llmc/multi_gpu.cuh has the processes, the collectives
 // and the shard layout; this file says when they happen.
-#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +23,10 @@
 
 #include "llmc/utils.h"
 #include "llmc/checkpoint.h"
+#include "llmc/flag_checks.h"
+#include "llmc/nonfinite.h"
+#include "llmc/run_dir.h"
+#include "llmc/state_file.h"
 #include "llmc/cuda_common.h"
 #include "llmc/dataloader.h"
 #include "llmc/tokenizer.h"
@@ -590,65 +593,88 @@ struct Llama3 {
 };
 
 // ----------------------------------------------------------------------------------------------------------------
-// Training state on disk: <out>/model_<step>.bin (our checkpoint format) and one state file per rank,
-// <out>/state_<step>.bin for rank 0 and <out>/state_<step>_rank<r>.bin for the others:
-//   header 64 int32: [0] magic 20261123 [1] version 2 [2] step [3] floatX is bf16 (1) or fp32 (0)
-//                    [4..5] num_params (low, high 32 bits) [6] has master weights
-//                    [7] ranks (GPUs) of the run [8] ZeRO stage [9] this file's rank
-//                    [10..11] optimizer elements in this file (low, high): num_params, or num_params / ranks with a
-//                    sharded optimizer (stage 1 or 2: the rank's shard, llmc/multi_gpu.cuh)
-//   then master weights fp32 (if present), m and v (fp32 in the file, also when kept in bf16 on the GPU), the rank's
-//   train loader state, the sampler RNG. (Version 1 files, from before several GPUs, are one rank, stage 0.)
+// Training state on disk, in the run directory (llmc/run_dir.h): <out>/model_<step>.bin (our checkpoint format) and
+// one state file per rank, <out>/state_<step>.bin for rank 0 and <out>/state_<step>_rank<r>.bin for the others: a
+// header (llmc/state_file.h), then master weights fp32 (if present), m and v (fp32 in the file, also when kept in
+// bf16 on the GPU) for the whole model or, with a sharded optimizer, the rank's shard; the rank's train loader
+// state, the sampler RNG.
 // All are written atomically, in this order: the other ranks' state files, then (once every rank has written its
 // own) rank 0's model file and last its state file. So a checkpoint exists, for resuming and for retention, only
 // when rank 0's state file does, and then every file of it is complete.
 
-constexpr int STATE_MAGIC = 20261123;
-constexpr int STATE_VERSION = 2;
-
-static std::string step_path(const std::string& dir, const char* kind, int step) {
-    char name[64];
-    snprintf(name, sizeof(name), "%s_%08d.bin", kind, step);
-    return dir + "/" + name;
+// Exits naming the tensor (or, for a rank's shard, the element) if the master weights (which = 0), m (1) or v (2)
+// hold a NaN or Inf.
+static void check_state_finite(const std::vector<float>& values, const Llama3Config& c, int which, const char* path,
+                               const char* action) {
+    NonFinite bad;
+    if (values.size() == param_layout(c).total) {
+        if (!find_non_finite(values.data(), c, &bad)) return;
+    } else {
+        size_t i = 0;
+        while (i < values.size() && std::isfinite(values[i])) i++;
+        if (i == values.size()) return;
+        bad = {"(this rank's shard)", i, values[i]};
+    }
+    const char* names[] = {"master weights", "AdamW m", "AdamW v"};
+    fprintf(stderr, "Error: %s training state '%s': the %s of tensor %s hold a non-finite value (%g) at element %zu\n",
+            action, path, names[which], bad.tensor, bad.value, bad.index);
+    fail_exit();
 }
 
-static std::string state_path(const std::string& dir, int step, int rank) {
-    if (rank == 0) return step_path(dir, "state", step);
-    char name[64];
-    snprintf(name, sizeof(name), "state_%08d_rank%d.bin", step, rank);
-    return dir + "/" + name;
+// The exact size of a state file holding opt_count optimizer elements.
+static int64_t state_file_bytes(size_t opt_count, bool has_master) {
+    return (int64_t)STATE_HEADER_SLOTS * 4 + (int64_t)(has_master ? 3 : 2) * (int64_t)opt_count * 4 +
+           (int64_t)sizeof(DataLoaderState) + (int64_t)sizeof(uint64_t);
 }
 
-// Deletes a checkpoint: rank 0's state file first, so a half-deleted checkpoint no longer counts.
-static void remove_checkpoint(const std::string& dir, int step, int world) {
-    remove(state_path(dir, step, 0).c_str());
-    remove(step_path(dir, "model", step).c_str());
-    for (int r = 1; r < world; r++) remove(state_path(dir, step, r).c_str());
+// The header of this run's state at `step`, for this rank (a sharded optimizer, stage 1 or 2, holds 1/ranks).
+static StateHeader state_header_for(const Llama3Config& c, int step, bool has_master, uint64_t run_id,
+                                    int64_t tokens_per_step, int zero_stage) {
+    StateHeader h;
+    h.step = step;
+    h.is_bf16 = sizeof(floatX) == 2;
+    h.has_master = has_master;
+    h.world_size = g_multi_gpu.world;
+    h.zero_stage = g_multi_gpu.world == 1 ? 0 : zero_stage;
+    h.rank = g_multi_gpu.rank;
+    h.num_params = param_layout(c).total;
+    h.opt_count = h.zero_stage >= 1 ? h.num_params / h.world_size : h.num_params;
+    h.run_id = run_id;
+    h.tokens_per_step = tokens_per_step;
+    state_config_slots(c, h.config);
+    return h;
+}
+
+// Checks a state file as strictly as a checkpoint: its exact size, its header, and that it is `expected` (this
+// run, this model and build, the step in its name). Exits with a message naming the file otherwise.
+static void check_state_file(const std::string& path, const StateHeader& expected) {
+    StateHeader found;
+    std::string err = read_state_header(path, &found);
+    if (err.empty()) err = state_header_mismatch(found, expected, path);
+    struct stat st;
+    int64_t want = state_file_bytes(expected.opt_count, expected.has_master);
+    if (err.empty() && (stat(path.c_str(), &st) != 0 || (int64_t)st.st_size != want)) {
+        char buf[400];
+        snprintf(buf, sizeof(buf), "training state '%s' is %lld bytes, but its header implies %lld (truncated or "
+                 "corrupt)", path.c_str(), (long long)st.st_size, (long long)want);
+        err = buf;
+    }
+    if (!err.empty()) {
+        fprintf(stderr, "Error: %s\n", err.c_str());
+        fail_exit();
+    }
 }
 
 static void write_state_file(const std::string& path, Llama3& model, int step, DataLoader& loader,
-                             uint64_t sampler_rng) {
-    int32_t h[64] = {0};
-    h[0] = STATE_MAGIC;
-    h[1] = STATE_VERSION;
-    h[2] = step;
-#if defined(ENABLE_FP32)
-    h[3] = 0;
-#else
-    h[3] = 1;
-#endif
-    h[4] = (int32_t)(model.num_params & 0xffffffffu);
-    h[5] = (int32_t)(model.num_params >> 32);
-    h[6] = model.master.ptr != nullptr;
-    h[7] = g_multi_gpu.world;
-    h[8] = model.zero_stage;
-    h[9] = g_multi_gpu.rank;
-    h[10] = (int32_t)(model.opt_count & 0xffffffffu);
-    h[11] = (int32_t)(model.opt_count >> 32);
+                             uint64_t sampler_rng, uint64_t run_id, int64_t tokens_per_step) {
+    int32_t h[STATE_HEADER_SLOTS];
+    state_header_pack(state_header_for(model.config, step, model.master.ptr != nullptr, run_id, tokens_per_step,
+                                       model.zero_stage), h);
     AtomicFile out(path);
-    fwriteCheck(h, sizeof(int32_t), 64, out.fp, "state header");
+    fwriteCheck(h, sizeof(int32_t), STATE_HEADER_SLOTS, out.fp, "state header");
     for (int which = model.master.ptr ? 0 : 1; which <= 2; which++) {
         std::vector<float> host = model.state_to_host(which);
+        check_state_finite(host, model.config, which, out.path.c_str(), "not writing");
         fwriteCheck(host.data(), sizeof(float), model.opt_count, out.fp, "optimizer state");
     }
     loader.save_state(out.fp);
@@ -658,87 +684,34 @@ static void write_state_file(const std::string& path, Llama3& model, int step, D
 
 // Every rank calls this. The barrier (a sum over the ranks) separates the other ranks' files from rank 0's.
 static void save_training_state(const std::string& dir, Llama3& model, int step, DataLoader& loader,
-                                uint64_t sampler_rng) {
+                                uint64_t sampler_rng, uint64_t run_id, int64_t tokens_per_step) {
     int rank = g_multi_gpu.rank;
-    if (rank != 0) write_state_file(state_path(dir, step, rank), model, step, loader, sampler_rng);
+    if (rank != 0) write_state_file(state_path(dir, step, rank), model, step, loader, sampler_rng, run_id,
+                                    tokens_per_step);
     all_reduce_sum(1.0, model.reduce_scratch.ptr, model.stream);
     if (rank == 0) {
-        model.save(step_path(dir, "model", step).c_str());
-        write_state_file(state_path(dir, step, 0), model, step, loader, sampler_rng);
+        model.save(step_path(dir, "model", step).c_str());  // refuses non-finite parameters, before writing anything
+        write_state_file(state_path(dir, step, 0), model, step, loader, sampler_rng, run_id, tokens_per_step);
     }
 }
 
-// Restores what save_training_state wrote. The model must already be loaded from the matching model file: it
-// holds the parameters bit for bit (in bf16 builds the stochastic rounding of the master weights, which this
-// file then restores exactly).
-static void load_training_state(const std::string& path, Llama3& model, int* step, DataLoader& loader,
-                                uint64_t* sampler_rng) {
+// Restores what save_training_state wrote, after checking the file (check_state_file). The model must already be
+// loaded from the matching model file: it holds the parameters bit for bit (in bf16 builds the stochastic rounding
+// of the master weights, which this file then restores exactly).
+static void load_training_state(const std::string& path, Llama3& model, const StateHeader& expected,
+                                DataLoader& loader, uint64_t* sampler_rng) {
+    check_state_file(path, expected);
     FILE* fp = fopenCheck(path.c_str(), "rb");
-    int32_t h[64];
-    freadCheck(h, sizeof(int32_t), 64, fp, "state header");
-    if (h[0] == STATE_MAGIC && h[1] == 1) {  // version 1: one GPU, stage 0, the whole optimizer state
-        h[7] = 1;
-        h[8] = 0;
-        h[9] = 0;
-        h[10] = h[4];
-        h[11] = h[5];
-        h[1] = STATE_VERSION;
-    }
-    if (h[0] == STATE_MAGIC && h[1] == STATE_VERSION &&
-        (h[7] != g_multi_gpu.world || h[8] != model.zero_stage || h[9] != g_multi_gpu.rank)) {
-        fprintf(stderr, "Error: training state '%s' was written by rank %d of a run on %d GPU(s) with ZeRO stage %d; "
-                        "this is rank %d of %d GPU(s) with stage %d: resume with the same number of GPUs and -Z\n",
-                path.c_str(), h[9], h[7], h[8], g_multi_gpu.rank, g_multi_gpu.world, model.zero_stage);
-        fail_exit();
-    }
-    size_t opt_count = (size_t)(uint32_t)h[10] | ((size_t)(uint32_t)h[11] << 32);
-    if (h[0] == STATE_MAGIC && h[1] == STATE_VERSION && opt_count != model.opt_count) {
-        fprintf(stderr, "Error: training state '%s' holds %zu optimizer elements, this run needs %zu\n", path.c_str(),
-                opt_count, model.opt_count);
-        fail_exit();
-    }
-    size_t num_params = (size_t)(uint32_t)h[4] | ((size_t)(uint32_t)h[5] << 32);
-    int has_master = model.master.ptr != nullptr;
-#if defined(ENABLE_FP32)
-    int is_bf16 = 0;
-#else
-    int is_bf16 = 1;
-#endif
-    if (h[0] != STATE_MAGIC || h[1] != STATE_VERSION || h[3] != is_bf16 || num_params != model.num_params ||
-        h[6] != has_master) {
-        fprintf(stderr,
-                "Error: training state '%s' does not match this run (magic %d version %d, %s build, %zu params, "
-                "master %d; expected magic %d version %d, %s build, %zu params, master %d)\n",
-                path.c_str(), h[0], h[1], h[3] ? "bf16" : "fp32", num_params, h[6], STATE_MAGIC, STATE_VERSION,
-                is_bf16 ? "bf16" : "fp32", model.num_params, has_master);
-        fail_exit();
-    }
-    *step = h[2];
+    fseekCheck(fp, STATE_HEADER_SLOTS * sizeof(int32_t), SEEK_SET);
     std::vector<float> host(model.opt_count);
     for (int which = model.master.ptr ? 0 : 1; which <= 2; which++) {
         freadCheck(host.data(), sizeof(float), model.opt_count, fp, "optimizer state");
+        check_state_finite(host, model.config, which, path.c_str(), "cannot resume from");
         model.state_from_host(which, host);
     }
     loader.load_state(fp, path.c_str());
     freadCheck(sampler_rng, sizeof(*sampler_rng), 1, fp, "sampler rng");
     fcloseCheck(fp);
-}
-
-// Steps of the training states in dir, ascending.
-static std::vector<int> saved_steps(const std::string& dir) {
-    std::vector<int> steps;
-    DIR* d = opendir(dir.c_str());
-    if (d == nullptr) return steps;
-    while (struct dirent* e = readdir(d)) {
-        int step;
-        char tail[8];
-        if (sscanf(e->d_name, "state_%d.bi%1s", &step, tail) == 2 && strcmp(tail, "n") == 0 &&
-            strlen(e->d_name) == 18)
-            steps.push_back(step);
-    }
-    closedir(d);
-    std::sort(steps.begin(), steps.end());
-    return steps;
 }
 
 #ifndef TESTING
@@ -762,6 +735,8 @@ struct Options {
     int max_steps = -1;  // -1: one epoch of the train data
     int val_every = 100, val_batches = 20, sample_every = 0, sample_length = 64;
     int checkpoint_every = 0, keep_checkpoints = 2, resume = 0, shuffle = 1;
+    int force = 0;           // start a fresh run in an -o that holds another run's checkpoints
+    int max_bad_steps = 5;   // non-finite steps in a row that stop the run
     uint64_t seed = 1337;
     float peak_tflops = 0.0f;  // 0: from the GPU's name
     int recompute = 1, master_weights = 1, profile = 0;
@@ -770,7 +745,7 @@ struct Options {
 };
 
 static void usage(const Options& d) {
-    printf("Usage: ./train_llama3cu [options]\n");
+    printf("Usage: ./train_llama3cu [options]   (this build: %s)\n", PRECISION_NAME);
     printf("Model (one of -e or -c):\n");
     printf("  -e <path>   start from this checkpoint\n");
     printf("  -c <name>   from scratch: llama3.1-8B, llama3.2-1B, llama3.2-3B or dN (e.g. d12)\n");
@@ -799,8 +774,12 @@ static void usage(const Options& d) {
     printf("  -L <int>    sample length in tokens (default %d)\n", d.sample_length);
     printf("  -o <dir>    output dir for log.txt and checkpoints, \"\" for none (default \"%s\")\n", d.out_dir);
     printf("  -n <int>    checkpoint every N steps, 0 never (default %d)\n", d.checkpoint_every);
-    printf("  -r <int>    keep the last N checkpoints (default %d)\n", d.keep_checkpoints);
-    printf("  -y <0|1>    resume from the latest checkpoint in -o (default %d)\n", d.resume);
+    printf("  -r <int>    keep this run's last N checkpoints (default %d)\n", d.keep_checkpoints);
+    printf("  -y <0|1>    resume the run in -o from its newest checkpoint; -e/-c not needed (default %d)\n", d.resume);
+    printf("  -F <0|1>    start a fresh run even if -o holds another run's checkpoints; they are left alone, neither\n"
+           "              resumed nor deleted (default %d)\n", d.force);
+    printf("  -N <int>    stop after N steps in a row with a non-finite loss or grad norm; such steps are skipped\n"
+           "              (no update) (default %d)\n", d.max_bad_steps);
     printf("Memory and speed:\n");
     printf("  -R <0|1|2>  activation recomputation: 0 none, 1 norms and swiglu, 2 also the w13 matmul (default %d)\n",
            d.recompute);
@@ -899,6 +878,8 @@ static Options parse_options(int argc, char** argv) {
             case 'n': o.checkpoint_every = (int)parse_int(flag, val, 0, 1 << 30); break;
             case 'r': o.keep_checkpoints = (int)parse_int(flag, val, 1, 1 << 20); break;
             case 'y': o.resume = (int)parse_int(flag, val, 0, 1); break;
+            case 'F': o.force = (int)parse_int(flag, val, 0, 1); break;
+            case 'N': o.max_bad_steps = (int)parse_int(flag, val, 1, 1 << 30); break;
             case 'P': o.peak_tflops = parse_float(flag, val, 0.001f, 1e6f); break;
             case 'R': o.recompute = (int)parse_int(flag, val, 0, 2); break;
             case 'W': o.master_weights = (int)parse_int(flag, val, 0, 1); break;
@@ -960,6 +941,147 @@ static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, 
     printf("sample: ");
     tokenizer_print(tokenizer, tokens.data() + 1, tokens.size() - 1, stdout);
     printf("\n");
+    flush_stdout_check();
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Host-side checks of a run before the GPU is touched (so that a bad command line fails fast, also on a machine
+// without a GPU). Each one exits with a message naming the flags or the file.
+
+static void exit_if_error(const std::string& err) {
+    if (err.empty()) return;
+    fprintf(stderr, "Error: %s\n", err.c_str());
+    fail_exit();
+}
+
+static Llama3Config checkpoint_config(const char* path) {
+    FILE* fp = fopenCheck(path, "rb");
+    Llama3Config c;
+    int dtype;
+    read_checkpoint_header(fp, path, &c, &dtype);
+    fcloseCheck(fp);
+    return c;
+}
+
+static bool same_config(const Llama3Config& a, const Llama3Config& b) {
+    int32_t ha[CHECKPOINT_HEADER_SLOTS], hb[CHECKPOINT_HEADER_SLOTS];
+    config_to_header(a, 0, ha);
+    config_to_header(b, 0, hb);
+    return memcmp(ha, hb, sizeof(ha)) == 0;
+}
+
+// The config named by -c and -d; -d must not exceed the named model's layers.
+static Llama3Config named_config(const Options& opt) {
+    Llama3Config full, named;
+    if (!config_from_name(opt.config_name, 0, &full)) {
+        bad_flag("-c", opt.config_name, "not llama3.1-8B, llama3.2-1B, llama3.2-3B or dN");
+    }
+    if (opt.depth > full.n_layers) {
+        char why[96];
+        snprintf(why, sizeof(why), "-c %s has only %d layers", opt.config_name, full.n_layers);
+        bad_flag("-d", std::to_string(opt.depth).c_str(), why);
+    }
+    config_from_name(opt.config_name, opt.depth, &named);
+    return named;
+}
+
+static std::string absolute_path(const char* path) {
+    char buf[PATH_MAX];
+    return realpath(path, buf) ? std::string(buf) : std::string(path);
+}
+
+static std::string config_summary(const Llama3Config& c) {
+    char buf[160];
+    snprintf(buf, sizeof(buf), "C=%d L=%d H=%d KV=%d F=%d V=%d", c.dim, c.n_layers, c.n_heads, c.n_kv_heads,
+             c.ffn_hidden, c.vocab_size);
+    return buf;
+}
+
+// Which model the run trains and which run it is. A fresh run: the config of -e (checked against -c/-d if given too)
+// or of -c/-d, and a new run id; an -o holding checkpoints is refused unless -F 1. A resumed run (-y 1): the run
+// named in <out>/run.txt at its newest state (*start_step), whose model file gives the config; a -e or -c that
+// disagrees with the run is refused.
+static Llama3Config resolve_run(const Options& opt, const std::string& out_dir, RunInfo* run, int* start_step) {
+    bool from_file = opt.model_path[0] != '\0', from_name = opt.config_name[0] != '\0';
+    if (opt.depth > 0 && !from_name) bad_flag("-d", std::to_string(opt.depth).c_str(), "applies to -c only");
+    if (!out_dir.empty()) ensure_directory(out_dir, "-o");
+    if (opt.resume) {
+        if (out_dir.empty()) bad_flag("-y", "1", "resuming needs the run's output dir (-o)");
+        exit_if_error(read_run_file(out_dir, run));
+        std::string err;
+        std::vector<int> steps = run_state_steps(out_dir, run->id, &err);
+        exit_if_error(err);
+        if (steps.empty()) {
+            fprintf(stderr, "Error: -y 1 but '%s' holds no training state (state_*.bin) of its run %016llx\n",
+                    out_dir.c_str(), (unsigned long long)run->id);
+            fail_exit();
+        }
+        *start_step = steps.back();
+        std::string model_path = step_path(out_dir, "model", *start_step);
+        Llama3Config c = checkpoint_config(model_path.c_str());
+        if (from_file && "-e " + absolute_path(opt.model_path) != run->source) {
+            fprintf(stderr, "Error: -y 1 resumes the run in '%s', which began from %s; -e %s disagrees (resuming "
+                            "loads '%s'): drop -e, or start a new run in another -o\n", out_dir.c_str(),
+                    run->source.c_str(), opt.model_path, model_path.c_str());
+            fail_exit();
+        }
+        if (from_name && !same_config(named_config(opt), c)) {
+            fprintf(stderr, "Error: -y 1 resumes the run in '%s' (%s, began from %s); -c %s -d %d describes another "
+                            "model: drop -c/-d, or start a new run in another -o\n", out_dir.c_str(),
+                    config_summary(c).c_str(), run->source.c_str(), opt.config_name, opt.depth);
+            fail_exit();
+        }
+        return c;
+    }
+    if (!from_file && !from_name) {
+        fprintf(stderr, "Error: give a checkpoint (-e model.bin) or a config to train from scratch (-c d12)\n");
+        fail_exit();
+    }
+    Llama3Config c = from_file ? checkpoint_config(opt.model_path) : named_config(opt);
+    if (from_file && from_name && !same_config(c, named_config(opt))) {
+        fprintf(stderr, "Error: checkpoint '%s' (%s) disagrees with -c %s -d %d\n", opt.model_path,
+                config_summary(c).c_str(), opt.config_name, opt.depth);
+        fail_exit();
+    }
+    if (!out_dir.empty()) exit_if_error(check_fresh_run_dir(out_dir, opt.force != 0));
+    run->id = new_run_id();
+    run->source = from_file ? "-e " + absolute_path(opt.model_path)
+                            : std::string("-c ") + opt.config_name + " -d " + std::to_string(opt.depth);
+    return c;
+}
+
+// Flags whose combination does nothing useful: each is an error rather than silently ignored.
+static void check_flag_combinations(const Options& opt, bool have_tokenizer) {
+    if (opt.checkpoint_every > 0 && opt.out_dir[0] == '\0')
+        bad_flag("-n", std::to_string(opt.checkpoint_every).c_str(), "checkpoints need an output dir (-o)");
+    if (opt.sample_every > 0 && !have_tokenizer)
+        bad_flag("-s", std::to_string(opt.sample_every).c_str(), "samples need a tokenizer (-z)");
+    if (opt.sample_every > 0 && opt.sample_length + 1 > opt.T) {
+        char why[128];
+        snprintf(why, sizeof(why), "a sample and its start token must fit in the sequence length -t %d", opt.T);
+        bad_flag("-L", std::to_string(opt.sample_length).c_str(), why);
+    }
+    if (opt.val_every > 0 && opt.val_pattern[0] != '\0' && opt.val_batches == 0)
+        bad_flag("-m", "0", "evaluates no batch; turn validation off with -v 0 or -j \"\"");
+}
+
+// Every id the sampler feeds the model must be inside its embedding table: the tokenizer's special ids included.
+static void check_tokenizer_ids(const Tokenizer& tok, const char* path, int model_vocab) {
+    if (tok.vocab_size < model_vocab) {
+        fprintf(stderr, "Error: tokenizer '%s' (-z) has %d tokens, the model %d: sampled ids could not be decoded\n",
+                path, tok.vocab_size, model_vocab);
+        fail_exit();
+    }
+    const char* names[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"};
+    int ids[] = {tok.bos_id, tok.eos_id, tok.eot_id};
+    for (int i = 0; i < 3; i++) {
+        if (ids[i] < 0 || ids[i] >= model_vocab) {
+            fprintf(stderr, "Error: tokenizer '%s' (-z): %s is id %d, outside the model's vocab of %d (its "
+                            "embedding table): use the model's own tokenizer, or no -z\n", path, names[i], ids[i],
+                    model_vocab);
+            fail_exit();
+        }
+    }
 }
 
 int main(int argc, char** argv) {
@@ -972,6 +1094,53 @@ int main(int argc, char** argv) {
         fail_exit();
     }
 
+    // --- the run, checked on the host before the GPU is touched: the model, the run directory, the flags and what
+    // they combine into, the data, the tokenizer, and (resuming) the state file
+    const int num_ranks = mg.world;
+    std::string out_dir = opt.out_dir;
+    RunInfo run;
+    int start_step = 0;
+    Llama3Config config = resolve_run(opt, out_dir, &run, &start_step);
+    multi_gpu_broadcast(&run.id, sizeof(run.id));  // a new run's id is rank 0's: every rank's state files carry it
+    if (opt.T > config.max_seq_len) {
+        char why[96];
+        snprintf(why, sizeof(why), "above the model's max_seq_len %d", config.max_seq_len);
+        bad_flag("-t", std::to_string(opt.T).c_str(), why);
+    }
+    BatchPlan batch;
+    exit_if_error(plan_batch(opt.B, opt.T, opt.total_batch, num_ranks, config.n_heads, &batch));
+    long total_batch = batch.tokens_per_step;
+    int grad_accum = batch.grad_accum;
+    bool have_tokenizer = opt.tokenizer_path[0] != '\0';
+    check_flag_combinations(opt, have_tokenizer);
+
+    DataLoader train_loader, val_loader;
+    // each rank reads its own part of every batch
+    train_loader.init(opt.train_pattern, opt.B, opt.T, mg.rank, num_ranks, opt.shuffle, opt.seed, config.vocab_size);
+    bool have_val = opt.val_pattern[0] != '\0' && opt.val_every > 0;
+    if (have_val) val_loader.init_eval(opt.val_pattern, opt.B, opt.T, mg.rank, num_ranks, config.vocab_size);
+    Tokenizer tokenizer;
+    if (have_tokenizer) {
+        tokenizer.init(opt.tokenizer_path);
+        check_tokenizer_ids(tokenizer, opt.tokenizer_path, config.vocab_size);
+    }
+    int max_steps = 0;
+    exit_if_error(plan_steps(opt.max_steps, train_loader.num_batches(), grad_accum, start_step, opt.warmup,
+                             &max_steps));
+    bool has_master = sizeof(floatX) == 2 && opt.master_weights != 0;
+    StateHeader resume_header = state_header_for(config, start_step, has_master, run.id, total_batch, opt.zero_stage);
+    if (opt.resume) {
+        check_state_file(state_path(out_dir, start_step, mg.rank), resume_header);
+        printf("resuming run %016llx in %s from step %d\n", (unsigned long long)run.id, out_dir.c_str(), start_step);
+    }
+    // the starting weights, when they come from a file: read and checked (sizes, finite values) here too
+    std::vector<float> initial_params;
+    if (opt.resume || opt.model_path[0] != '\0') {
+        std::string path = opt.resume ? step_path(out_dir, "model", start_step) : std::string(opt.model_path);
+        initial_params = load_checkpoint_fp32(path.c_str(), &config);
+    }
+
+    // --- the GPU
     int device_count = 0;
     cudaError_t err = cudaGetDeviceCount(&device_count);
     if (err != cudaSuccess || device_count == 0) {
@@ -994,28 +1163,7 @@ int main(int argc, char** argv) {
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     size_t baseline_used = total_bytes - free_bytes;
 
-    // --- the model: from a checkpoint, from scratch, or from the latest training state
-    bool from_file = opt.model_path[0] != '\0', from_name = opt.config_name[0] != '\0';
-    Llama3Config named;
-    if (from_name && !config_from_name(opt.config_name, opt.depth, &named)) {
-        bad_flag("-c", opt.config_name, "not llama3.1-8B, llama3.2-1B, llama3.2-3B or dN");
-    }
-    if (!from_file && !from_name) {
-        fprintf(stderr, "Error: give a checkpoint (-e model.bin) or a config to train from scratch (-c d12)\n");
-        fail_exit();
-    }
-    std::string out_dir = opt.out_dir;
-    if (!out_dir.empty() && !make_dirs(out_dir)) {
-        fprintf(stderr, "Error: could not create output dir '%s': %s\n", out_dir.c_str(), strerror(errno));
-        fail_exit();
-    }
-    std::vector<int> previous = out_dir.empty() ? std::vector<int>() : saved_steps(out_dir);
-    if (opt.resume && out_dir.empty()) bad_flag("-y", "1", "resuming needs an output dir (-o)");
-    if (opt.resume && previous.empty()) {
-        fprintf(stderr, "Error: -y 1 but no checkpoint (state_*.bin) in '%s'\n", out_dir.c_str());
-        fail_exit();
-    }
-
+    // --- the model: from the run's latest training state, from a checkpoint, or from scratch
     Llama3 model;
     cudaCheck(cudaStreamCreate(&model.stream));
     model.use_master = opt.master_weights != 0;
@@ -1026,60 +1174,20 @@ int main(int argc, char** argv) {
     model.profiler.timing = opt.profile != 0;
     model.profiler.stream = model.stream;
     matmul_init(model.stream);
-    int start_step = 0;
-    if (opt.resume) {
-        model.load(step_path(out_dir, "model", previous.back()).c_str());
-    } else if (from_file) {
-        model.load(opt.model_path);
+    if (!initial_params.empty()) {
+        model.config = config;
+        model.allocate_params();
+        model.upload_fp32(initial_params);
+        std::vector<float>().swap(initial_params);  // the host copy is no longer needed
     } else {
-        model.init_from_scratch(named, opt.seed);
+        model.init_from_scratch(config, opt.seed);
     }
     const Llama3Config& c = model.config;
-    if (from_file && from_name) {
-        int32_t a[CHECKPOINT_HEADER_SLOTS], b[CHECKPOINT_HEADER_SLOTS];
-        config_to_header(c, 0, a);
-        config_to_header(named, 0, b);
-        if (memcmp(a, b, sizeof(a)) != 0) {
-            fprintf(stderr, "Error: checkpoint '%s' (C=%d L=%d H=%d KV=%d F=%d V=%d) disagrees with -c %s -d %d\n",
-                    opt.model_path, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.ffn_hidden, c.vocab_size,
-                    opt.config_name, opt.depth);
-            fail_exit();
-        }
-    }
-    if (opt.T > c.max_seq_len) {
-        char why[96];
-        snprintf(why, sizeof(why), "above the model's max_seq_len %d", c.max_seq_len);
-        bad_flag("-t", std::to_string(opt.T).c_str(), why);
-    }
-    long tokens_per_micro = (long)opt.B * opt.T;  // per GPU
-    long tokens_per_round = tokens_per_micro * mg.world;  // one micro-batch on every GPU
-    long total_batch = opt.total_batch > 0 ? opt.total_batch : tokens_per_round;
-    if (total_batch % tokens_per_round != 0) {
-        fprintf(stderr, "Error: -g %ld is not a multiple of B*T*GPUs = %d*%d*%d = %ld\n", total_batch, opt.B, opt.T,
-                mg.world, tokens_per_round);
-        fail_exit();
-    }
-    int grad_accum = (int)(total_batch / tokens_per_round);
-
-    // --- data: each rank reads its own part of every batch
-    DataLoader train_loader, val_loader;
-    train_loader.init(opt.train_pattern, opt.B, opt.T, mg.rank, mg.world, opt.shuffle, opt.seed, c.vocab_size);
-    bool have_val = opt.val_pattern[0] != '\0' && opt.val_every > 0;
-    if (have_val) val_loader.init_eval(opt.val_pattern, opt.B, opt.T, mg.rank, mg.world, c.vocab_size);
-    Tokenizer tokenizer;
-    bool have_tokenizer = opt.tokenizer_path[0] != '\0';
-    if (have_tokenizer) tokenizer.init(opt.tokenizer_path);
-    if (have_tokenizer && tokenizer.vocab_size < c.vocab_size) {
-        fprintf(stderr, "Error: tokenizer '%s' has %d tokens, the model %d\n", opt.tokenizer_path,
-                tokenizer.vocab_size, c.vocab_size);
-        fail_exit();
-    }
-    int max_steps = opt.max_steps >= 0 ? opt.max_steps : (int)(train_loader.num_batches() / grad_accum);
     uint64_t sampler_rng = opt.seed * 0x9E3779B97F4A7C15ull + 1;
     if (opt.resume) {
-        load_training_state(state_path(out_dir, previous.back(), mg.rank), model, &start_step, train_loader,
+        load_training_state(state_path(out_dir, start_step, mg.rank), model, resume_header, train_loader,
                             &sampler_rng);
-        printf("resumed from %s at step %d\n", step_path(out_dir, "state", previous.back()).c_str(), start_step);
+        printf("resumed from %s at step %d\n", step_path(out_dir, "state", start_step).c_str(), start_step);
     }
 
     model.allocate_activations(opt.B, opt.T);
@@ -1107,8 +1215,12 @@ int main(int argc, char** argv) {
     printf("memory: recompute level %d, master weights %s, AdamW state %s; mem = device memory in use beyond the CUDA "
            "context\n", model.recompute, model.master.ptr ? "fp32" : "none", model.bf16_state ? "bf16" : "fp32");
 
-    FILE* log = nullptr;
-    if (!out_dir.empty() && mg.rank == 0) log = fopenCheck((out_dir + "/log.txt").c_str(), opt.resume ? "a" : "w");
+    LogFile log;  // rank 0 alone writes in the run directory; every rank writes its state files
+    if (!out_dir.empty() && mg.rank == 0) {
+        remove_stale_temps(out_dir);
+        if (!opt.resume) write_run_file(out_dir, run);  // the directory now belongs to this run
+        log.open(out_dir + "/log.txt", opt.resume != 0);
+    }
 
     auto evaluate = [&](int step) {
         ProfilerPause pause(model.profiler);
@@ -1124,11 +1236,14 @@ int main(int argc, char** argv) {
         sum = all_reduce_sum(sum, model.reduce_scratch.ptr, model.stream) / mg.world;
         float val_loss = batches > 0 ? (float)(sum / batches) : NAN;
         printf("step %d | val loss %.6f (%d batches)\n", step, val_loss, batches);
-        if (log) { fprintf(log, "step %d val_loss %.6f\n", step, val_loss); fflush(log); }
+        flush_stdout_check();
+        log.line("step %d val_loss %.6f", step, val_loss);
     };
 
     size_t peak_used = 0;
     std::vector<double> step_times;
+    NonFiniteGuard guard;
+    guard.limit = opt.max_bad_steps;
     for (int step = start_step + 1; step <= max_steps; step++) {
         stream_sync(model.stream);
         auto t0 = std::chrono::steady_clock::now();
@@ -1145,10 +1260,14 @@ int main(int argc, char** argv) {
             loss_sum += model.mean_loss(opt.B * opt.T);
         }
         float loss = (float)(all_reduce_sum(loss_sum, model.reduce_scratch.ptr, model.stream) / (grad_accum * mg.world));
+        if (fault_requested("nan " + std::to_string(step))) loss = NAN;  // test hook (llmc/fault.h)
         float norm = model.grad_norm();
-        float grad_scale = opt.grad_clip > 0.0f ? std::min(1.0f, opt.grad_clip / (norm + 1e-6f)) : 1.0f;
+        bool apply = guard.accept(loss, norm);  // a non-finite loss or norm: no update (llmc/nonfinite.h)
         float lr = schedule.at(step - 1);
-        model.update(lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, grad_scale, step, (unsigned int)opt.seed);
+        if (apply) {
+            model.update(lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, clip_scale(norm, opt.grad_clip), step,
+                         (unsigned int)opt.seed);
+        }
         stream_sync(model.stream);
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         double tok_s = total_batch / (ms / 1000.0);
@@ -1158,26 +1277,30 @@ int main(int argc, char** argv) {
         peak_used = std::max(peak_used, used);
         model.profiler.collect();
         step_times.push_back(ms);
-        printf("step %5d/%d | loss %.6f | norm %.6f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%% | mem %.2f GiB\n",
-               step, max_steps, loss, norm, lr, ms, tok_s, mfu, used / 1073741824.0);
-        if (log) {
-            fprintf(log, "step %d train_loss %.6f norm %.4f lr %.4e ms %.2f\n", step, loss, norm, lr, ms);
-            fflush(log);
+        printf("step %5d/%d | loss %.6f | norm %.6f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s\n",
+               step, max_steps, loss, norm, lr, ms, tok_s, mfu, used / 1073741824.0,
+               apply ? "" : " | skipped: non-finite loss or grad norm, no update");
+        flush_stdout_check();
+        log.line("step %d train_loss %.6f norm %.4f lr %.4e ms %.2f%s", step, loss, norm, lr, ms,
+                 apply ? "" : " skipped");
+        if (guard.exhausted()) {
+            fprintf(stderr, "Error: %d steps in a row (%d..%d) had a non-finite loss or grad norm (-N %d): stopping. "
+                            "Their updates were skipped; the run diverged (try a lower -l or more -u) or its data or "
+                            "model is bad\n", guard.in_a_row, step - guard.in_a_row + 1, step, opt.max_bad_steps);
+            fail_exit();
         }
         if (have_val && (step % opt.val_every == 0 || step == max_steps)) evaluate(step);
         if (have_tokenizer && opt.sample_every > 0 && (step % opt.sample_every == 0 || step == max_steps) &&
             mg.rank == 0)
             print_sample(model, tokenizer, opt.sample_length, &sampler_rng);
         if (!out_dir.empty() && opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == max_steps)) {
-            save_training_state(out_dir, model, step, train_loader, sampler_rng);
+            save_training_state(out_dir, model, step, train_loader, sampler_rng, run.id, total_batch);
             if (mg.rank == 0) {
-                std::vector<int> steps = saved_steps(out_dir);
-                for (size_t i = 0; i + opt.keep_checkpoints < steps.size(); i++) {
-                    remove_checkpoint(out_dir, steps[i], mg.world);
-                }
+                remove_old_checkpoints(out_dir, run.id, opt.keep_checkpoints, mg.world);
                 printf("saved checkpoint %s\n", step_path(out_dir, "state", step).c_str());
             }
         }
+        fault_kill_point("step " + std::to_string(step));  // test hook (llmc/fault.h)
     }
     if (step_times.size() >= 2) {  // the median over the steps after warm-up (the first 3, or 1 in short runs)
         size_t warmup = step_times.size() > 6 ? 3 : 1;
@@ -1190,7 +1313,8 @@ int main(int argc, char** argv) {
                peak_used / 1073741824.0);
         model.profiler.report(median_ms);
     }
-    if (log) fcloseCheck(log);
+    log.close();
+    flush_stdout_check();
     matmul_destroy();
     cudaCheck(cudaStreamDestroy(model.stream));
     multi_gpu_finish();

@@ -275,7 +275,30 @@ inline uint16_t float_to_bf16_bits(float f) {
     return (uint16_t)(u >> 16);
 }
 
-// Loads every parameter of a checkpoint into fp32 host memory (converting from bf16 if needed).
+// Where the first NaN or Inf of a flat buffer in checkpoint order is (parameters, master weights or AdamW
+// moments): false if every value is finite, else the tensor's name, the element's index within it and its value.
+struct NonFinite {
+    const char* tensor;
+    size_t index;
+    float value;
+};
+inline bool find_non_finite(const float* values, const Llama3Config& c, NonFinite* found) {
+    ParamLayout layout = param_layout(c);
+    size_t offset = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        for (size_t i = 0; i < layout.sizes[t]; i++) {
+            if (!std::isfinite(values[offset + i])) {
+                *found = {layout.names[t], i, values[offset + i]};
+                return true;
+            }
+        }
+        offset += layout.sizes[t];
+    }
+    return false;
+}
+
+// Loads every parameter of a checkpoint into fp32 host memory (converting from bf16 if needed). A NaN or Inf in
+// it is an error naming the tensor: training from it would only produce NaN.
 inline std::vector<float> load_checkpoint_fp32(const char* path, Llama3Config* config) {
     FILE* fp = fopenCheck(path, "rb");
     int dtype;
@@ -290,11 +313,24 @@ inline std::vector<float> load_checkpoint_fp32(const char* path, Llama3Config* c
         for (size_t i = 0; i < n; i++) params[i] = bf16_bits_to_float(raw[i]);
     }
     fcloseCheck(fp);
+    NonFinite bad;
+    if (find_non_finite(params.data(), *config, &bad)) {
+        fprintf(stderr, "Error: checkpoint '%s': tensor %s holds a non-finite value (%g) at element %zu\n", path,
+                bad.tensor, bad.value, bad.index);
+        fail_exit();
+    }
     return params;
 }
 
-// Writes a checkpoint atomically from fp32 host parameters, as fp32 or bf16.
+// Writes a checkpoint atomically from fp32 host parameters, as fp32 or bf16. Parameters holding a NaN or Inf are
+// an error (nothing is written): such a file could never be loaded, and it would replace a good one.
 inline void save_checkpoint_fp32(const char* path, const Llama3Config& config, const float* params, int dtype) {
+    NonFinite bad;
+    if (find_non_finite(params, config, &bad)) {
+        fprintf(stderr, "Error: not writing checkpoint '%s': tensor %s holds a non-finite value (%g) at element %zu\n",
+                path, bad.tensor, bad.value, bad.index);
+        fail_exit();
+    }
     int32_t header[CHECKPOINT_HEADER_SLOTS];
     config_to_header(config, dtype, header);
     size_t n = param_layout(config).total;

@@ -135,6 +135,16 @@ inline void multi_gpu_init_nccl() {
 #endif
 }
 
+// Host data from rank 0 to every rank (bootstrap values such as the run id, before the GPUs are set up).
+inline void multi_gpu_broadcast(void* data, size_t bytes) {
+#if defined(USE_MPI)
+    if (g_multi_gpu.world > 1) MPI_Bcast(data, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
+#else
+    (void)data;
+    (void)bytes;
+#endif
+}
+
 inline void multi_gpu_finish() {
 #if defined(USE_MPI)
     MultiGpu& mg = g_multi_gpu;

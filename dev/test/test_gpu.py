@@ -170,7 +170,7 @@ def test_checkpoints_kept_and_atomic(build, small_run_inputs, tmp_path):
     result = run(train_cmd(build["BF16"]["train"], small_run_inputs, tmp_path / "ck", 15, "-n", "3", "-r", "2"))
     assert result.returncode == 0, result.stdout + result.stderr
     names = sorted(os.listdir(tmp_path / "ck"))
-    assert names == ["log.txt", "model_00000012.bin", "model_00000015.bin", "state_00000012.bin",
+    assert names == ["log.txt", "model_00000012.bin", "model_00000015.bin", "run.txt", "state_00000012.bin",
                      "state_00000015.bin"], names
 
 
