@@ -273,6 +273,8 @@ def state_header(step, run_id, is_bf16=1, num_params=None, has_master=1, world=1
     h[6], h[7] = has_master, world
     h[8], h[9] = run_id & 0xFFFFFFFF, run_id >> 32
     h[10], h[11] = tokens_per_step & 0xFFFFFFFF, tokens_per_step >> 32
+    h[12], h[13] = 0, 0  # ZeRO stage, rank
+    h[14], h[15] = num_params & 0xFFFFFFFF, num_params >> 32  # optimizer elements: the whole model on one GPU
     h[16:31] = np.fromfile(model, dtype="<u4", count=18)[3:18]
     return h.tobytes()
 
@@ -430,7 +432,7 @@ BAD_FLAGS = {
     "resume without out dir": (["-y", "1", "-o", ""], ["-y", "-o"]),
     "N zero": (["-N", "0"], ["-N", "[1,"]),
     "F not 0 or 1": (["-F", "2"], ["-F"]),
-    "unknown flag": (["-Q", "1"], ["-Q"]),
+    "unknown flag": (["-K", "1"], ["-K"]),
     "flag without value": (["-x"], ["-x", "needs a value"]),
     "not a number": (["-l", "fast"], ["-l", "not a number"]),
     "no model": (["-e", ""], ["-e", "-c"]),
@@ -559,7 +561,7 @@ RESUME_BAD = {
     "old version": (lambda out: edit_state(out / "state_00000005.bin", 1, 1), [], ["version 1"]),
     "step not the file name's": (lambda out: edit_state(out / "state_00000005.bin", 2, 6), [],
                                  ["state_00000005.bin", "holds step 6"]),
-    "world size": (lambda out: edit_state(out / "state_00000005.bin", 7, 2), [], ["world size", "2"]),
+    "world size": (lambda out: edit_state(out / "state_00000005.bin", 7, 2), [], ["run on 2 GPU(s)", "same number of GPUs"]),
     "config": (lambda out: edit_state(out / "state_00000005.bin", 17, 64), [], ["config slot 4", "64", "48"]),
     "num params": (lambda out: edit_state(out / "state_00000005.bin", 4, 5), [], ["parameter count"]),
     "reserved slot": (lambda out: edit_state(out / "state_00000005.bin", 40, 1), [], ["slot 40", "reserved"]),
