@@ -167,7 +167,7 @@ def test_resume_on_two_gpus_is_bit_identical(build, shards, tmp_path, options):
     part = run(cmd("part", "-x", "5"))
     assert part.returncode == 0, part.stdout + part.stderr
     names = sorted(os.listdir(tmp_path / "part"))
-    assert names == ["log.txt", "model_00000005.bin", "state_00000005.bin", "state_00000005_rank1.bin"], names
+    assert names == ["log.txt", "model_00000005.bin", "run.txt", "state_00000005.bin", "state_00000005_rank1.bin"], names
     resumed = run(cmd("part", "-y", "1"))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     full_steps, resumed_steps = raw_steps(full.stdout), raw_steps(resumed.stdout)
@@ -177,25 +177,25 @@ def test_resume_on_two_gpus_is_bit_identical(build, shards, tmp_path, options):
 
 def test_resume_with_other_gpu_count_is_refused(build, shards, tmp_path):
     train = build["BF16"]
-    first = run(mpirun(2, [train, *train_args(shards, tmp_path / "ck", 3, "-n", "3")]))
+    first = run(mpirun(2, [train, *train_args(shards, tmp_path / "ck", 3, "-n", "3", "-u", "1")]))
     assert first.returncode == 0, first.stdout + first.stderr
-    single = run([train, *train_args(shards, tmp_path / "ck", 6, "-n", "3", "-y", "1")])
+    single = run([train, *train_args(shards, tmp_path / "ck", 6, "-n", "3", "-u", "1", "-y", "1")])
     assert single.returncode == 1, single.stdout + single.stderr
     assert "run on 2 GPU(s)" in single.stderr and "same number of GPUs" in single.stderr, single.stderr
 
 
 def test_failing_rank_stops_every_rank(build, shards, tmp_path):
     train = build["BF16"]
-    first = run(mpirun(2, [train, *train_args(shards, tmp_path / "ck", 3, "-n", "3")]))
+    first = run(mpirun(2, [train, *train_args(shards, tmp_path / "ck", 3, "-n", "3", "-u", "1")]))
     assert first.returncode == 0, first.stdout + first.stderr
     shard = tmp_path / "ck" / "state_00000003_rank1.bin"
     with open(shard, "r+b") as f:
         f.truncate(os.path.getsize(shard) // 2)
     start = time.time()
-    resumed = run(mpirun(2, [train, *train_args(shards, tmp_path / "ck", 6, "-n", "3", "-y", "1", "-T", "30")]),
-                  timeout=300)
+    resumed = run(mpirun(2, [train, *train_args(shards, tmp_path / "ck", 6, "-n", "3", "-u", "1", "-y", "1",
+                                                "-T", "30")]), timeout=300)
     assert resumed.returncode != 0 and resumed.returncode > 0
-    assert "file truncated" in resumed.stderr and "[rank 1 of 2] stopped" in resumed.stderr, resumed.stderr
+    assert "truncated or corrupt" in resumed.stderr and "[rank 1 of 2] stopped" in resumed.stderr, resumed.stderr
     assert time.time() - start < 120
 
 
