@@ -270,14 +270,15 @@ struct Llama3 {
         }
     }
 
-    // Mean loss of the last forward (summed on the host in a fixed order: deterministic).
-    float mean_loss(int N) {
+    // Sum of the N per-row losses of the last forward (masked rows hold 0), summed on the host in a fixed order:
+    // deterministic. The mean loss is this sum over the number of targets that count (count_targets).
+    double loss_sum(int N) {
         std::vector<float> losses(N);
         cudaCheck(cudaMemcpyAsync(losses.data(), acts.losses.ptr, N * sizeof(float), cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaStreamSynchronize(stream));
         double sum = 0.0;
         for (float x : losses) sum += x;
-        return (float)(sum / N);
+        return sum;
     }
 
     // Backward of the last forward(..., dloss != 0); gradients accumulate into `grads`.
@@ -422,6 +423,16 @@ struct Llama3 {
     }
 };
 
+// The loss is the mean over the targets that count: a target of -1 is masked (llmc/dataloader.h: a loss-masked
+// shard, as for fine-tuning on chat data) and adds neither loss nor gradient. A training step's loss is the mean
+// over all its micro-batches' counted targets, so the host counts them before the first forward and every
+// micro-batch's dloss is 1 / that count; a step in which no target counts has no loss and takes no update.
+static int64_t count_targets(const int* targets, size_t n) {
+    int64_t count = 0;
+    for (size_t i = 0; i < n; i++) count += targets[i] >= 0;
+    return count;
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // Training state on disk: <out>/model_<step>.bin (our checkpoint format) and <out>/state_<step>.bin:
 //   header 64 int32: [0] magic 20261123 [1] version 1 [2] step [3] floatX is bf16 (1) or fp32 (0)
@@ -529,6 +540,7 @@ struct Options {
     int depth = 0;
     const char* out_dir = "";
     const char* tokenizer_path = "";
+    const char* prompt_path = "";
     int B = 4, T = 1024;
     long total_batch = 0;  // tokens per step; 0: B * T
     float lr = 3e-4f, final_fraction = 0.0f, weight_decay = 0.1f, grad_clip = 1.0f;
@@ -572,6 +584,9 @@ static void usage(const Options& d) {
     printf("  -m <int>    val batches per evaluation, -1 all (default %d)\n", d.val_batches);
     printf("  -s <int>    sample text every N steps, 0 never (default %d)\n", d.sample_every);
     printf("  -L <int>    sample length in tokens (default %d)\n", d.sample_length);
+    printf("  -A <path>   samples continue this prompt (a token shard, e.g. from dev/data/chat_to_shards.py --prompt)\n"
+           "              and stop at <|eot_id|>, instead of starting from <|begin_of_text|> (default \"%s\")\n",
+           d.prompt_path);
     printf("  -o <dir>    output dir for log.txt and checkpoints, \"\" for none (default \"%s\")\n", d.out_dir);
     printf("  -n <int>    checkpoint every N steps, 0 never (default %d)\n", d.checkpoint_every);
     printf("  -r <int>    keep the last N checkpoints (default %d)\n", d.keep_checkpoints);
@@ -663,6 +678,7 @@ static Options parse_options(int argc, char** argv) {
             case 'm': o.val_batches = (int)parse_int(flag, val, -1, 1 << 30); break;
             case 's': o.sample_every = (int)parse_int(flag, val, 0, 1 << 30); break;
             case 'L': o.sample_length = (int)parse_int(flag, val, 1, 1 << 20); break;
+            case 'A': o.prompt_path = val; break;
             case 'o': o.out_dir = val; break;
             case 'n': o.checkpoint_every = (int)parse_int(flag, val, 0, 1 << 30); break;
             case 'r': o.keep_checkpoints = (int)parse_int(flag, val, 1, 1 << 20); break;
@@ -691,12 +707,15 @@ static float peak_tflops_for(const char* gpu_name) {
     return 0.0f;
 }
 
-// Samples `length` tokens after <|begin_of_text|>, one forward per token, and prints them decoded.
-static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, uint64_t* rng) {
+// Samples `length` tokens after <|begin_of_text|>, one forward per token, and prints them decoded. With a prompt,
+// samples after the prompt instead and stops at <|eot_id|> (the end of a chat answer).
+static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, uint64_t* rng,
+                         const std::vector<int>& prompt) {
     ProfilerPause pause(model.profiler);
     const Llama3Config& c = model.config;
-    int max_len = std::min(length + 1, model.T);
-    std::vector<int> tokens = {tokenizer.bos_id >= 0 ? tokenizer.bos_id : 0};
+    std::vector<int> tokens = prompt;
+    if (tokens.empty()) tokens.push_back(tokenizer.bos_id >= 0 ? tokenizer.bos_id : 0);
+    int max_len = std::min((int)tokens.size() + length, model.T);
     std::vector<floatX> logits(c.vocab_size);
     std::vector<float> probs(c.vocab_size);
     ParamTensors<floatX> p = point_params(model.params.ptr, c);
@@ -721,6 +740,7 @@ static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, 
             if (u < 0) { next = i; break; }
         }
         tokens.push_back(next);
+        if (!prompt.empty() && next == tokenizer.eot_id) break;
     }
     printf("sample: ");
     tokenizer_print(tokenizer, tokens.data() + 1, tokens.size() - 1, stdout);
@@ -822,6 +842,12 @@ int main(int argc, char** argv) {
                 tokenizer.vocab_size, c.vocab_size);
         return 1;
     }
+    std::vector<int> prompt;
+    if (opt.prompt_path[0] != '\0') {
+        prompt = DataLoader::read_whole_shard(opt.prompt_path, c.vocab_size);
+        if (prompt.empty() || (int)prompt.size() >= opt.T)
+            bad_flag("-A", opt.prompt_path, "the prompt must hold 1 to T-1 tokens (-t)");
+    }
     int max_steps = opt.max_steps >= 0 ? opt.max_steps : (int)(train_loader.num_batches() / grad_accum);
     uint64_t sampler_rng = opt.seed * 0x9E3779B97F4A7C15ull + 1;
     if (opt.resume) {
@@ -854,36 +880,51 @@ int main(int argc, char** argv) {
         ProfilerPause pause(model.profiler);
         val_loader.reset();
         double sum = 0.0;
+        int64_t counted = 0;  // the mean is over the val targets that count (see count_targets)
         int batches = 0;
         while ((opt.val_batches < 0 || batches < opt.val_batches) && val_loader.next_batch()) {
             model.forward(val_loader.inputs.data(), val_loader.targets.data(), opt.B, opt.T, 0.0f);
-            sum += model.mean_loss(opt.B * opt.T);
+            sum += model.loss_sum(opt.B * opt.T);
+            counted += val_loader.batch_targets;
             batches++;
         }
-        float val_loss = batches > 0 ? (float)(sum / batches) : NAN;
+        float val_loss = counted > 0 ? (float)(sum / counted) : NAN;
         printf("step %d | val loss %.6f (%d batches)\n", step, val_loss, batches);
         if (log) { fprintf(log, "step %d val_loss %.6f\n", step, val_loss); fflush(log); }
     };
 
     size_t peak_used = 0;
     std::vector<double> step_times;
+    std::vector<std::vector<int>> micro_inputs(grad_accum), micro_targets(grad_accum);
+    if (have_val && start_step == 0) evaluate(0);  // the val loss before training (a fine-tune's starting point)
     for (int step = start_step + 1; step <= max_steps; step++) {
         cudaCheck(cudaStreamSynchronize(model.stream));
         auto t0 = std::chrono::steady_clock::now();
         model.zero_grad();
-        double loss_sum = 0.0;
+        // the step's batches first: the loss is a mean over all their targets that count (see count_targets)
+        int64_t step_targets = 0;
         for (int micro = 0; micro < grad_accum; micro++) {
             train_loader.next_batch();  // endless: epochs follow one another
-            model.forward(train_loader.inputs.data(), train_loader.targets.data(), opt.B, opt.T,
-                          1.0f / (float)(tokens_per_micro * grad_accum));
-            model.backward(opt.B, opt.T);
-            loss_sum += model.mean_loss(opt.B * opt.T);
+            micro_inputs[micro] = train_loader.inputs;
+            micro_targets[micro] = train_loader.targets;
+            step_targets += train_loader.batch_targets;
         }
-        float loss = (float)(loss_sum / grad_accum);
+        double loss_sum = 0.0;
+        for (int micro = 0; micro < grad_accum && step_targets > 0; micro++) {
+            model.forward(micro_inputs[micro].data(), micro_targets[micro].data(), opt.B, opt.T,
+                          1.0f / (float)step_targets);
+            model.backward(opt.B, opt.T);
+            loss_sum += model.loss_sum(opt.B * opt.T);
+        }
+        float loss = step_targets > 0 ? (float)(loss_sum / step_targets) : NAN;
         float norm = model.grad_norm();
         float grad_scale = opt.grad_clip > 0.0f ? std::min(1.0f, opt.grad_clip / (norm + 1e-6f)) : 1.0f;
         float lr = schedule.at(step - 1);
-        model.update(lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, grad_scale, step, (unsigned int)opt.seed);
+        if (step_targets > 0) {
+            model.update(lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, grad_scale, step, (unsigned int)opt.seed);
+        } else {
+            printf("step %d: every target of this step's batches is masked: no loss, no update\n", step);
+        }
         cudaCheck(cudaStreamSynchronize(model.stream));
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         double tok_s = total_batch / (ms / 1000.0);
@@ -901,7 +942,7 @@ int main(int argc, char** argv) {
         }
         if (have_val && (step % opt.val_every == 0 || step == max_steps)) evaluate(step);
         if (have_tokenizer && opt.sample_every > 0 && (step % opt.sample_every == 0 || step == max_steps))
-            print_sample(model, tokenizer, opt.sample_length, &sampler_rng);
+            print_sample(model, tokenizer, opt.sample_length, &sampler_rng, prompt);
         if (!out_dir.empty() && opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == max_steps)) {
             save_training_state(out_dir, model, step, train_loader, sampler_rng);
             std::vector<int> steps = saved_steps(out_dir);

@@ -36,6 +36,7 @@
 //   DataLoaderState s = loader.state(); loader.restore(s, "where it came from");   // resume, in memory
 //   loader.save_state(fp); loader.load_state(fp, "path");                         // resume, through a file
 //   loader.batch_shard, loader.batch_offset   // shard index and token offset the last batch was read from
+//   DataLoader::read_whole_shard(path, vocab_size)   // every token of one shard (a prompt for sampling)
 #pragma once
 
 #include <glob.h>
@@ -236,6 +237,28 @@ struct DataLoader {
         DataLoaderState s;
         freadCheck(&s, sizeof(s), 1, fp, what);
         restore(s, what);
+    }
+
+    // The tokens of one whole shard (a sampling prompt, say; a loss mask is not read), each checked against
+    // vocab_size.
+    static std::vector<int> read_whole_shard(const char* path, int vocab_size) {
+        bool masked;
+        int64_t n = validate_shard(path, &masked);
+        std::vector<uint32_t> raw((size_t)n);
+        FILE* f = fopenCheck(path, "rb");
+        fseekCheck(f, SHARD_HEADER_BYTES, SEEK_SET);
+        freadCheck(raw.data(), sizeof(uint32_t), (size_t)n, f, path);
+        fcloseCheck(f);
+        std::vector<int> tokens((size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            if (raw[i] >= (uint32_t)vocab_size) {
+                fprintf(stderr, "Error: shard '%s' holds token id %u at token offset %lld, but the model's vocab_size "
+                                "is %d\n", path, raw[i], (long long)i, vocab_size);
+                fail_exit();
+            }
+            tokens[i] = (int)raw[i];
+        }
+        return tokens;
     }
 
 private:
