@@ -885,7 +885,7 @@ int main(int argc, char** argv) {
         while ((opt.val_batches < 0 || batches < opt.val_batches) && val_loader.next_batch()) {
             model.forward(val_loader.inputs.data(), val_loader.targets.data(), opt.B, opt.T, 0.0f);
             sum += model.loss_sum(opt.B * opt.T);
-            counted += val_loader.batch_targets;
+            counted += count_targets(val_loader.targets.data(), val_loader.targets.size());
             batches++;
         }
         float val_loss = counted > 0 ? (float)(sum / counted) : NAN;
@@ -907,7 +907,7 @@ int main(int argc, char** argv) {
             train_loader.next_batch();  // endless: epochs follow one another
             micro_inputs[micro] = train_loader.inputs;
             micro_targets[micro] = train_loader.targets;
-            step_targets += train_loader.batch_targets;
+            step_targets += count_targets(train_loader.targets.data(), train_loader.targets.size());
         }
         double loss_sum = 0.0;
         for (int micro = 0; micro < grad_accum && step_targets > 0; micro++) {

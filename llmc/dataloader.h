@@ -30,7 +30,6 @@
 //   loader.init_eval(pattern, B, T, rank, num_ranks, vocab_size);            // validation: one pass
 //   bool ok = loader.next_batch();      // fills loader.inputs / loader.targets (B*T ints each, row-major (B, T));
 //                                       // false only for an eval loader that has finished its pass
-//   loader.batch_targets                // targets of the last batch that count (not -1): the loss's denominator
 //   loader.reset();                     // back to the start of epoch 0 (the eval pass starts over)
 //   loader.done(); loader.num_batches();  // eval pass finished; batches in one epoch / one eval pass
 //   DataLoaderState s = loader.state(); loader.restore(s, "where it came from");   // resume, in memory
@@ -120,7 +119,6 @@ struct DataLoader {
     int64_t order_epoch = -1, order_shard = -1;  // which permutations shard_order / sample_order hold
     // the last batch
     std::vector<int> inputs, targets;
-    int64_t batch_targets = 0;  // targets that are not -1 (masked)
     int64_t batch_shard = -1, batch_offset = -1;
 
     DataLoader() = default;
@@ -163,12 +161,10 @@ struct DataLoader {
             }
         }
         if (shard_masked[shard]) read_mask(shard, offset, BT + 1);
-        batch_targets = 0;
         for (int64_t i = 0; i < BT; i++) {
             bool counts = !shard_masked[shard] || mask_buffer[i + 1] != 0;
             inputs[i] = (int)buffer[i];
             targets[i] = counts ? (int)buffer[i + 1] : -1;
-            batch_targets += counts;
         }
         batch_shard = shard;
         batch_offset = offset;

@@ -325,8 +325,9 @@ static std::vector<int64_t> parse_sizes(const char* s) {
 }
 
 static void print_batch(const DataLoader& loader, int64_t k, int64_t epoch) {
+    long long counted = std::count_if(loader.targets.begin(), loader.targets.end(), [](int t) { return t >= 0; });
     printf("batch %lld shard %lld offset %lld epoch %lld counted %lld:", (long long)k, (long long)loader.batch_shard,
-           (long long)loader.batch_offset, (long long)epoch, (long long)loader.batch_targets);
+           (long long)loader.batch_offset, (long long)epoch, counted);
     for (int x : loader.inputs) printf(" %d", x);
     printf(" |");
     for (int x : loader.targets) printf(" %d", x);
