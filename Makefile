@@ -5,6 +5,7 @@
 #                             USE_MPI=1 where MPI and NCCL are found: several GPUs with mpirun; USE_MPI=0 without)
 #   make test                 CPU tests always; GPU tests too when a GPU is present
 #   make run                  the main job: tinyshakespeare shards, a small model from scratch, a loss plot
+#   make finetune MODEL=path  fine-tune a model on the shipped chat set (dev/data/chat), val loss, a sample answer
 #
 # Variables: PRECISION=BF16|FP32, GPU_COMPUTE_CAPABILITY (default: read from nvidia-smi, else 90), NO_OMP=1,
 # LLAMA3_TOKENIZER / TINYSHAKESPEARE_TXT (paths to the tokenizer.model and the corpus, for `run` and `test`).
@@ -79,7 +80,7 @@ CUDA_TARGETS = train_llama3cu test_llama3cu
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c GPU)
 
-.PHONY: all cpu cuda test run data clean
+.PHONY: all cpu cuda test run data finetune clean
 
 all: cpu $(if $(HAVE_NVCC),cuda,)
 
@@ -127,6 +128,30 @@ run: data train_llama3cu
 	./train_llama3cu -c d6 -i "$(DATA_DIR)/tiny_shakespeare_train.bin" -j "$(DATA_DIR)/tiny_shakespeare_val.bin" \
 	    -z $(DATA_DIR)/tokenizer.bin -o $(RUN_DIR) -b 16 -t 256 -x 300 -l 1e-3 -v 50 -s 100 -n 150
 	$(PYTHON) scripts/plot_loss.py $(RUN_DIR)/log.txt $(RUN_DIR)/loss.png
+
+# Fine-tuning (SFT) on the chat set that ships in dev/data/chat: chat shards with a loss mask (only the assistant's
+# tokens train), packed into rows of FT_T tokens; val loss before (step 0) and after; a sample answer to FT_PROMPT;
+# the final model in FT_RUN_DIR/model_*.bin. MODEL is any checkpoint train_llama3cu -e reads. FT_EXPORT_FLAGS is the
+# hook for the trainer's Hugging Face export flag (writing EXPORT_DIR at the end of the run).
+FT_DATA_DIR ?= data/chat
+FT_RUN_DIR ?= runs/finetune
+FT_T ?= 512
+FT_STEPS ?= 40
+FT_FLAGS ?= -b 4 -l 2e-5 -u 4 -w 0 -v 10 -m -1
+FT_PROMPT ?= What is 12 plus 30?
+EXPORT_DIR ?= $(FT_RUN_DIR)/hf
+FT_EXPORT_FLAGS ?=
+
+finetune: train_llama3cu
+	@test -n "$(MODEL)" || { echo "Error: make finetune needs MODEL=path (a checkpoint train_llama3cu -e reads)" >&2; exit 1; }
+	$(PYTHON) dev/data/chat_to_shards.py --train dev/data/chat/chat_train.jsonl --val dev/data/chat/chat_val.jsonl \
+	    --out_dir $(FT_DATA_DIR) --seq_len $(FT_T) --prompt "$(FT_PROMPT)"
+	$(PYTHON) dev/data/export_tokenizer.py --out $(FT_DATA_DIR)/tokenizer.bin
+	./train_llama3cu -e "$(MODEL)" -i "$(FT_DATA_DIR)/chat_train_*.bin" -j "$(FT_DATA_DIR)/chat_val_*.bin" \
+	    -z $(FT_DATA_DIR)/tokenizer.bin -A $(FT_DATA_DIR)/chat_prompt.bin -o $(FT_RUN_DIR) -t $(FT_T) -x $(FT_STEPS) \
+	    -s $(FT_STEPS) -n $(FT_STEPS) -L 64 $(FT_FLAGS) $(FT_EXPORT_FLAGS)
+	@echo "val loss before and after:" && grep val_loss $(FT_RUN_DIR)/log.txt | sed -n '1p;$$p'
+	$(PYTHON) scripts/plot_loss.py $(FT_RUN_DIR)/log.txt $(FT_RUN_DIR)/loss.png
 
 clean:
 	rm -f $(CPU_TARGETS) $(CUDA_TARGETS) .precision_* .use_mpi_*

@@ -1,5 +1,8 @@
 // Ties the CUDA trainer out against a debug state written by scripts/train_llama3.py (fp32 PyTorch, TF32 off):
-// logits, loss, the gradient of every parameter tensor, and the loss and grad norm of each AdamW step.
+// logits, loss, the gradient of every parameter tensor, and the loss and grad norm of each AdamW step. A debug state
+// with a loss mask (targets of -1) checks the masked loss: the mean over the counted targets, and the gradients
+// both from the whole batch and accumulated over one micro-batch per row (as the trainer accumulates: every
+// micro-batch scaled by 1 / the count of the whole batch, although the rows count different numbers of targets).
 //
 //   make test_llama3cu PRECISION=FP32 && ./test_llama3cu model.bin debug.bin [recompute level 0|1|2]
 //
@@ -69,36 +72,61 @@ int main(int argc, char** argv) {
            PRECISION_NAME, model.recompute, argv[1], c.vocab_size, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.ffn_hidden,
            c.tied_embeddings, c.use_rope_scaling, ref.B, ref.T, ref.n_steps);
 
+    int64_t counted = count_targets(ref.targets.data(), N);
+    if (counted == 0) {
+        fprintf(stderr, "Error: debug state '%s' masks every target: there is no loss to compare\n", argv[2]);
+        return 1;
+    }
+    float dloss = 1.0f / (float)counted;
+    ParamLayout layout = param_layout(c);
+    auto check_grads = [&](const char* suffix) {
+        std::vector<float> grads = to_host_floats(model.grads.ptr, model.num_params);
+        size_t offset = 0;
+        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+            if (layout.sizes[t] == 0) continue;
+            std::string name = std::string("d") + layout.names[t] + suffix;
+            checks.tensor(name.c_str(), grads.data() + offset, ref.grads.data() + offset, layout.sizes[t],
+                          GRAD_MAX_REL, GRAD_REL_NORM);
+            offset += layout.sizes[t];
+        }
+    };
+
     // forward without gradients: the logits stay in the chunk buffer
     model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 0.0f);
-    float loss = model.mean_loss(N);
+    float loss = (float)(model.loss_sum(N) / counted);
     std::vector<float> logits = to_host_floats(model.acts.logits.ptr, (size_t)N * c.vocab_size);
     checks.tensor("logits", logits.data(), ref.logits.data(), logits.size(), LOGITS_MAX_REL, LOGITS_REL_NORM);
     checks.scalar("loss", loss, ref.loss, LOSS_TOL, 0.0);
 
+    if (counted < N && ref.B > 1) {  // masked: the gradients accumulated over one micro-batch per row
+        printf("%lld of %d targets count; accumulating over %d micro-batches of one row:\n", (long long)counted, N,
+               ref.B);
+        model.zero_grad();
+        double accum_loss = 0.0;
+        for (int b = 0; b < ref.B; b++) {
+            model.forward(ref.inputs.data() + (size_t)b * ref.T, ref.targets.data() + (size_t)b * ref.T, 1, ref.T,
+                          dloss);
+            model.backward(1, ref.T);
+            accum_loss += model.loss_sum(ref.T);
+        }
+        checks.scalar("loss (accum)", (float)(accum_loss / counted), ref.loss, LOSS_TOL, 0.0);
+        check_grads(" (accum)");
+    }
+
     // forward + backward: every parameter gradient
     model.zero_grad();
-    model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 1.0f / N);
+    model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, dloss);
     model.backward(ref.B, ref.T);
-    std::vector<float> grads = to_host_floats(model.grads.ptr, model.num_params);
-    ParamLayout layout = param_layout(c);
-    size_t offset = 0;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        if (layout.sizes[t] == 0) continue;
-        std::string name = std::string("d") + layout.names[t];
-        checks.tensor(name.c_str(), grads.data() + offset, ref.grads.data() + offset, layout.sizes[t], GRAD_MAX_REL,
-                     GRAD_REL_NORM);
-        offset += layout.sizes[t];
-    }
+    check_grads("");
 
     // the AdamW steps on the same batch (step 1 reuses the gradients above)
     for (int step = 1; step <= ref.n_steps; step++) {
         if (step > 1) {
             model.zero_grad();
-            model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 1.0f / N);
+            model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, dloss);
             model.backward(ref.B, ref.T);
         }
-        float step_loss = model.mean_loss(N);
+        float step_loss = (float)(model.loss_sum(N) / counted);
         float norm = model.grad_norm();
         float scale = ref.grad_clip > 0.0f ? std::min(1.0f, ref.grad_clip / (norm + 1e-6f)) : 1.0f;
         model.update(ref.lr, ref.beta1, ref.beta2, ref.eps, ref.weight_decay, scale, step, 1337u);

@@ -344,15 +344,16 @@ struct Llama3 {
         }
     }
 
-    // Mean loss of the last forward on this rank (summed on the host in a fixed order: deterministic).
-    float mean_loss(int N) {
+    // Sum of the N per-row losses of the last forward on this rank (masked rows hold 0), summed on the host in a
+    // fixed order: deterministic. The mean loss is this sum over the number of targets that count (count_targets).
+    double loss_sum(int N) {
         std::vector<float> losses(N);
         stream_sync(stream);  // first: a copy to pageable memory would block without the collective timeout
         cudaCheck(cudaMemcpyAsync(losses.data(), acts.losses.ptr, N * sizeof(float), cudaMemcpyDeviceToHost, stream));
         stream_sync(stream);
         double sum = 0.0;
         for (float x : losses) sum += x;
-        return (float)(sum / N);
+        return sum;
     }
 
     // Where the backward writes gradients. head_grads: tok_embedding, final_norm and lm_head; layer_grads(l): the
@@ -592,6 +593,16 @@ struct Llama3 {
     }
 };
 
+// The loss is the mean over the targets that count: a target of -1 is masked (llmc/dataloader.h: a loss-masked
+// shard, as for fine-tuning on chat data) and adds neither loss nor gradient. A training step's loss is the mean
+// over all its micro-batches' counted targets, so the host counts them before the first forward and every
+// micro-batch's dloss is 1 / that count; a step in which no target counts has no loss and takes no update.
+static int64_t count_targets(const int* targets, size_t n) {
+    int64_t count = 0;
+    for (size_t i = 0; i < n; i++) count += targets[i] >= 0;
+    return count;
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // Training state on disk, in the run directory (llmc/run_dir.h): <out>/model_<step>.bin (our checkpoint format) and
 // one state file per rank, <out>/state_<step>.bin for rank 0 and <out>/state_<step>_rank<r>.bin for the others: a
@@ -726,6 +737,7 @@ struct Options {
     int depth = 0;
     const char* out_dir = "";
     const char* tokenizer_path = "";
+    const char* prompt_path = "";
     int B = 4, T = 1024;
     long total_batch = 0;  // tokens per step; 0: B * T
     float lr = 3e-4f, final_fraction = 0.0f, weight_decay = 0.1f, grad_clip = 1.0f;
@@ -772,6 +784,9 @@ static void usage(const Options& d) {
     printf("  -m <int>    val batches per evaluation, -1 all (default %d)\n", d.val_batches);
     printf("  -s <int>    sample text every N steps, 0 never (default %d)\n", d.sample_every);
     printf("  -L <int>    sample length in tokens (default %d)\n", d.sample_length);
+    printf("  -A <path>   samples continue this prompt (a token shard, e.g. from dev/data/chat_to_shards.py --prompt)\n"
+           "              and stop at <|eot_id|>, instead of starting from <|begin_of_text|> (default \"%s\")\n",
+           d.prompt_path);
     printf("  -o <dir>    output dir for log.txt and checkpoints, \"\" for none (default \"%s\")\n", d.out_dir);
     printf("  -n <int>    checkpoint every N steps, 0 never (default %d)\n", d.checkpoint_every);
     printf("  -r <int>    keep this run's last N checkpoints (default %d)\n", d.keep_checkpoints);
@@ -874,6 +889,7 @@ static Options parse_options(int argc, char** argv) {
             case 'm': o.val_batches = (int)parse_int(flag, val, -1, 1 << 30); break;
             case 's': o.sample_every = (int)parse_int(flag, val, 0, 1 << 30); break;
             case 'L': o.sample_length = (int)parse_int(flag, val, 1, 1 << 20); break;
+            case 'A': o.prompt_path = val; break;
             case 'o': o.out_dir = val; break;
             case 'n': o.checkpoint_every = (int)parse_int(flag, val, 0, 1 << 30); break;
             case 'r': o.keep_checkpoints = (int)parse_int(flag, val, 1, 1 << 20); break;
@@ -907,12 +923,15 @@ static float peak_tflops_for(const char* gpu_name) {
     return 0.0f;
 }
 
-// Samples `length` tokens after <|begin_of_text|>, one forward per token, and prints them decoded.
-static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, uint64_t* rng) {
+// Samples `length` tokens after <|begin_of_text|>, one forward per token, and prints them decoded. With a prompt,
+// samples after the prompt instead and stops at <|eot_id|> (the end of a chat answer).
+static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, uint64_t* rng,
+                         const std::vector<int>& prompt) {
     ProfilerPause pause(model.profiler);
     const Llama3Config& c = model.config;
-    int max_len = std::min(length + 1, model.T);
-    std::vector<int> tokens = {tokenizer.bos_id >= 0 ? tokenizer.bos_id : 0};
+    std::vector<int> tokens = prompt;
+    if (tokens.empty()) tokens.push_back(tokenizer.bos_id >= 0 ? tokenizer.bos_id : 0);
+    int max_len = std::min((int)tokens.size() + length, model.T);
     std::vector<floatX> logits(c.vocab_size);
     std::vector<float> probs(c.vocab_size);
     ParamTensors<floatX> p = point_params(model.params.ptr, c);
@@ -937,6 +956,7 @@ static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, 
             if (u < 0) { next = i; break; }
         }
         tokens.push_back(next);
+        if (!prompt.empty() && next == tokenizer.eot_id) break;
     }
     printf("sample: ");
     tokenizer_print(tokenizer, tokens.data() + 1, tokens.size() - 1, stdout);
@@ -1183,6 +1203,12 @@ int main(int argc, char** argv) {
         model.init_from_scratch(config, opt.seed);
     }
     const Llama3Config& c = model.config;
+    std::vector<int> prompt;
+    if (opt.prompt_path[0] != '\0') {
+        prompt = DataLoader::read_whole_shard(opt.prompt_path, c.vocab_size);
+        if (prompt.empty() || (int)prompt.size() >= opt.T)
+            bad_flag("-A", opt.prompt_path, "the prompt must hold 1 to T-1 tokens (-t)");
+    }
     uint64_t sampler_rng = opt.seed * 0x9E3779B97F4A7C15ull + 1;
     if (opt.resume) {
         load_training_state(state_path(out_dir, start_step, mg.rank), model, resume_header, train_loader,
@@ -1226,15 +1252,18 @@ int main(int argc, char** argv) {
         ProfilerPause pause(model.profiler);
         val_loader.reset();
         double sum = 0.0;
+        int64_t counted = 0;  // the mean is over the val targets that count (see count_targets)
         int batches = 0;
         while ((opt.val_batches < 0 || batches < opt.val_batches) && val_loader.next_batch()) {
             model.forward(val_loader.inputs.data(), val_loader.targets.data(), opt.B, opt.T, 0.0f);
-            sum += model.mean_loss(opt.B * opt.T);
+            sum += model.loss_sum(opt.B * opt.T);
+            counted += count_targets(val_loader.targets.data(), val_loader.targets.size());
             batches++;
         }
-        // every rank ran the same number of batches (the loader gives each its part of every sample)
-        sum = all_reduce_sum(sum, model.reduce_scratch.ptr, model.stream) / mg.world;
-        float val_loss = batches > 0 ? (float)(sum / batches) : NAN;
+        // over every rank's batches (the loader gives each its part of every sample)
+        sum = all_reduce_sum(sum, model.reduce_scratch.ptr, model.stream);
+        counted = (int64_t)all_reduce_sum((double)counted, model.reduce_scratch.ptr, model.stream);
+        float val_loss = counted > 0 ? (float)(sum / counted) : NAN;
         printf("step %d | val loss %.6f (%d batches)\n", step, val_loss, batches);
         flush_stdout_check();
         log.line("step %d val_loss %.6f", step, val_loss);
@@ -1244,25 +1273,42 @@ int main(int argc, char** argv) {
     std::vector<double> step_times;
     NonFiniteGuard guard;
     guard.limit = opt.max_bad_steps;
+    std::vector<std::vector<int>> micro_inputs(grad_accum), micro_targets(grad_accum);
+    if (have_val && start_step == 0) evaluate(0);  // the val loss before training (a fine-tune's starting point)
     for (int step = start_step + 1; step <= max_steps; step++) {
         stream_sync(model.stream);
         auto t0 = std::chrono::steady_clock::now();
         model.zero_grad();
-        double loss_sum = 0.0;
+        // the step's batches first: the loss is a mean over all their targets that count (see count_targets)
+        int64_t step_targets = 0;
         for (int micro = 0; micro < grad_accum; micro++) {
             train_loader.next_batch();  // endless: epochs follow one another
-            model.forward(train_loader.inputs.data(), train_loader.targets.data(), opt.B, opt.T,
-                          1.0f / (float)(total_batch));
+            micro_inputs[micro] = train_loader.inputs;
+            micro_targets[micro] = train_loader.targets;
+            step_targets += count_targets(train_loader.targets.data(), train_loader.targets.size());
+        }
+        // counts below 2^53 add exactly in double: every rank gets the same total
+        step_targets = (int64_t)all_reduce_sum((double)step_targets, model.reduce_scratch.ptr, model.stream);
+        double loss_sum = 0.0;
+        for (int micro = 0; micro < grad_accum && step_targets > 0; micro++) {
+            model.forward(micro_inputs[micro].data(), micro_targets[micro].data(), opt.B, opt.T,
+                          1.0f / (float)step_targets);
             // several GPUs: stages 0 and 1 sum the gradients once they are complete (the last micro-batch),
             // stage 2 every micro-batch into the gradient shard
             bool reduce = mg.world > 1 && (model.zero_stage == 2 || micro == grad_accum - 1);
             model.backward(opt.B, opt.T, reduce, model.zero_stage == 2 && micro > 0);
-            loss_sum += model.mean_loss(opt.B * opt.T);
+            loss_sum += model.loss_sum(opt.B * opt.T);
         }
-        float loss = (float)(all_reduce_sum(loss_sum, model.reduce_scratch.ptr, model.stream) / (grad_accum * mg.world));
+        loss_sum = all_reduce_sum(loss_sum, model.reduce_scratch.ptr, model.stream);
+        bool all_masked = step_targets == 0;
+        float loss = all_masked ? NAN : (float)(loss_sum / step_targets);
         if (fault_requested("nan " + std::to_string(step))) loss = NAN;  // test hook (llmc/fault.h)
-        float norm = model.grad_norm();
-        bool apply = guard.accept(loss, norm);  // a non-finite loss or norm: no update (llmc/nonfinite.h)
+        float norm = all_masked ? 0.0f : model.grad_norm();
+        // a non-finite loss or norm: no update (llmc/nonfinite.h); a step with nothing to learn is no divergence
+        bool apply = !all_masked && guard.accept(loss, norm);
+        if (all_masked) {
+            printf("step %d: every target of this step's batches is masked: no loss, no update\n", step);
+        }
         float lr = schedule.at(step - 1);
         if (apply) {
             model.update(lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, clip_scale(norm, opt.grad_clip), step,
@@ -1279,7 +1325,7 @@ int main(int argc, char** argv) {
         step_times.push_back(ms);
         printf("step %5d/%d | loss %.6f | norm %.6f | lr %.2e | %.1f ms | %.0f tok/s | MFU %.1f%% | mem %.2f GiB%s\n",
                step, max_steps, loss, norm, lr, ms, tok_s, mfu, used / 1073741824.0,
-               apply ? "" : " | skipped: non-finite loss or grad norm, no update");
+               apply || all_masked ? "" : " | skipped: non-finite loss or grad norm, no update");
         flush_stdout_check();
         log.line("step %d train_loss %.6f norm %.4f lr %.4e ms %.2f%s", step, loss, norm, lr, ms,
                  apply ? "" : " skipped");
@@ -1292,7 +1338,7 @@ int main(int argc, char** argv) {
         if (have_val && (step % opt.val_every == 0 || step == max_steps)) evaluate(step);
         if (have_tokenizer && opt.sample_every > 0 && (step % opt.sample_every == 0 || step == max_steps) &&
             mg.rank == 0)
-            print_sample(model, tokenizer, opt.sample_length, &sampler_rng);
+            print_sample(model, tokenizer, opt.sample_length, &sampler_rng, prompt);
         if (!out_dir.empty() && opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == max_steps)) {
             save_training_state(out_dir, model, step, train_loader, sampler_rng, run.id, total_batch);
             if (mg.rank == 0) {

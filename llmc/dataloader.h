@@ -1,7 +1,13 @@
 // Reads batches of tokens from llm.c-style Llama 3 shards (written by dev/data/shards.py).
 //
 // Shard layout (little-endian): a header of 256 int32 ([0] magic 20240801, [1] version 7, [2] token count N,
-// the rest zero), then N uint32 token ids. A valid shard is exactly 1024 + 4 N bytes.
+// [3] loss-mask flag, the rest zero), then N uint32 token ids. A plain shard (llm.c's format, flag 0) is exactly
+// 1024 + 4 N bytes. With flag 1 a loss mask follows the tokens: N uint8, mask[i] = 1 when token i counts as a
+// target of the loss (predicting it from the tokens before it is trained), 0 when not; such a shard is exactly
+// 1024 + 5 N bytes (dev/data/chat_to_shards.py writes them: only the assistant's tokens count).
+//
+// The mask reaches the trainer through the targets: a target whose token has mask 0 is delivered as -1, which the
+// loss (llmc/fused_classifier.cuh) ignores. Inputs are never masked. A plain shard counts every target.
 //
 // How a shard is read (the llm.c convention). With P processes, a "sample" is P*B*T consecutive tokens plus one;
 // shard s holds (N_s - 1) / (P*B*T) samples, the tokens left after the last one are never used. Rank r reads
@@ -29,6 +35,7 @@
 //   DataLoaderState s = loader.state(); loader.restore(s, "where it came from");   // resume, in memory
 //   loader.save_state(fp); loader.load_state(fp, "path");                         // resume, through a file
 //   loader.batch_shard, loader.batch_offset   // shard index and token offset the last batch was read from
+//   DataLoader::read_whole_shard(path, vocab_size)   // every token of one shard (a prompt for sampling)
 #pragma once
 
 #include <glob.h>
@@ -103,6 +110,7 @@ struct DataLoader {
     std::vector<std::string> files;
     std::vector<int64_t> shard_tokens;   // N_s
     std::vector<int64_t> shard_samples;  // (N_s - 1) / (P*B*T)
+    std::vector<bool> shard_masked;      // the shard carries a loss mask
     int64_t total_tokens = 0, total_samples = 0;
     // position: the next batch is sample sample_order[sample_pos] of shard shard_order[shard_pos]
     int64_t epoch = 0, shard_pos = 0, sample_pos = 0;
@@ -152,9 +160,11 @@ struct DataLoader {
                 fail_exit();
             }
         }
+        if (shard_masked[shard]) read_mask(shard, offset, BT + 1);
         for (int64_t i = 0; i < BT; i++) {
+            bool counts = !shard_masked[shard] || mask_buffer[i + 1] != 0;
             inputs[i] = (int)buffer[i];
-            targets[i] = (int)buffer[i + 1];
+            targets[i] = counts ? (int)buffer[i + 1] : -1;
         }
         batch_shard = shard;
         batch_offset = offset;
@@ -225,8 +235,31 @@ struct DataLoader {
         restore(s, what);
     }
 
+    // The tokens of one whole shard (a sampling prompt, say; a loss mask is not read), each checked against
+    // vocab_size.
+    static std::vector<int> read_whole_shard(const char* path, int vocab_size) {
+        bool masked;
+        int64_t n = validate_shard(path, &masked);
+        std::vector<uint32_t> raw((size_t)n);
+        FILE* f = fopenCheck(path, "rb");
+        fseekCheck(f, SHARD_HEADER_BYTES, SEEK_SET);
+        freadCheck(raw.data(), sizeof(uint32_t), (size_t)n, f, path);
+        fcloseCheck(f);
+        std::vector<int> tokens((size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            if (raw[i] >= (uint32_t)vocab_size) {
+                fprintf(stderr, "Error: shard '%s' holds token id %u at token offset %lld, but the model's vocab_size "
+                                "is %d\n", path, raw[i], (long long)i, vocab_size);
+                fail_exit();
+            }
+            tokens[i] = (int)raw[i];
+        }
+        return tokens;
+    }
+
 private:
-    std::vector<uint32_t> buffer;  // B*T+1 raw tokens
+    std::vector<uint32_t> buffer;      // B*T+1 raw tokens
+    std::vector<uint8_t> mask_buffer;  // their loss mask, for masked shards
     FILE* fp = nullptr;
     int64_t open_shard = -1;
 
@@ -251,10 +284,12 @@ private:
         files = glob_files(glob_pattern);
         shard_tokens.clear();
         shard_samples.clear();
+        shard_masked.clear();
         total_tokens = total_samples = 0;
         int64_t sample_tokens = (int64_t)num_processes * B * T;  // one sample, less the shared last target
         for (const std::string& f : files) {
-            int64_t n = validate_shard(f.c_str());
+            bool masked;
+            int64_t n = validate_shard(f.c_str(), &masked);
             if (n < sample_tokens + 1) {
                 fprintf(stderr, "Error: shard '%s' has %lld tokens, fewer than the %lld one batch needs "
                                 "(processes %d x B %d x T %d + 1): use a smaller B or T, or bigger shards\n",
@@ -262,11 +297,13 @@ private:
                 fail_exit();
             }
             shard_tokens.push_back(n);
+            shard_masked.push_back(masked);
             shard_samples.push_back((n - 1) / sample_tokens);
             total_tokens += n;
             total_samples += shard_samples.back();
         }
         buffer.assign((size_t)B * T + 1, 0);
+        mask_buffer.assign((size_t)B * T + 1, 0);
         inputs.assign((size_t)B * T, 0);
         targets.assign((size_t)B * T, 0);
         order_epoch = order_shard = -1;
@@ -293,8 +330,8 @@ private:
         return out;
     }
 
-    // Checks header and size; returns the token count.
-    static int64_t validate_shard(const char* path) {
+    // Checks header and size; returns the token count and whether a loss mask follows the tokens.
+    static int64_t validate_shard(const char* path, bool* masked) {
         struct stat st;
         if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
             fprintf(stderr, "Error: shard '%s' is not a regular file\n", path);
@@ -320,11 +357,17 @@ private:
                     path, h[1], SHARD_VERSION);
             fail_exit();
         }
+        if (h[3] != 0 && h[3] != 1) {
+            fprintf(stderr, "Error: shard '%s' has loss-mask flag %d in header slot 3, expected 0 (none) or 1\n", path,
+                    h[3]);
+            fail_exit();
+        }
+        *masked = h[3] == 1;
         int64_t n = h[2];
-        int64_t expected = SHARD_HEADER_BYTES + 4 * n;
+        int64_t expected = SHARD_HEADER_BYTES + (*masked ? 5 : 4) * n;
         if (n < 0 || size != expected) {
-            fprintf(stderr, "Error: shard '%s' is %lld bytes, but its header's %lld tokens make %lld bytes (%s)\n",
-                    path, (long long)size, (long long)n, (long long)expected,
+            fprintf(stderr, "Error: shard '%s' is %lld bytes, but its header's %lld tokens%s make %lld bytes (%s)\n",
+                    path, (long long)size, (long long)n, *masked ? " and their loss mask" : "", (long long)expected,
                     size < expected ? "truncated" : "corrupt: extra bytes or a bad count");
             fail_exit();
         }
@@ -345,6 +388,22 @@ private:
         }
         fseekCheck(fp, SHARD_HEADER_BYTES + 4 * offset, SEEK_SET);  // 64-bit: fseeko
         freadCheck(buffer.data(), sizeof(uint32_t), (size_t)count, fp, files[shard].c_str());
+    }
+
+    // The loss mask of `count` tokens from token `offset` on (the shard's file is open: read_tokens came first);
+    // each byte must be 0 or 1.
+    void read_mask(int64_t shard, int64_t offset, int64_t count) {
+        int64_t start = SHARD_HEADER_BYTES + 4 * shard_tokens[shard] + offset;
+        fseekCheck(fp, start, SEEK_SET);
+        freadCheck(mask_buffer.data(), 1, (size_t)count, fp, files[shard].c_str());
+        for (int64_t i = 0; i < count; i++) {
+            if (mask_buffer[i] > 1) {
+                fprintf(stderr, "Error: shard '%s' has loss-mask byte %u for token offset %lld (byte offset %lld); "
+                                "mask bytes must be 0 or 1\n", files[shard].c_str(), mask_buffer[i],
+                        (long long)(offset + i), (long long)(start + i));
+                fail_exit();
+            }
+        }
     }
 
     // Makes shard_order and sample_order the permutations of the current epoch and shard.

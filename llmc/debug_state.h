@@ -3,6 +3,8 @@
 //
 // Layout (little-endian): header of 64 slots of 4 bytes
 //   [0] magic 20261122  [1] version 1  [2] B  [3] T  [4] vocab_size  [5] n_steps
+//   [6] masked: 1 when some targets are -1, ignored positions of a loss mask (the loss is then the mean over the
+//       other targets, PyTorch's cross_entropy with ignore_index=-1); 0 when every target counts
 //   [8] lr  [9] beta1  [10] beta2  [11] eps  [12] weight_decay  [13] grad_clip   (float32)   other slots zero
 // then: inputs int32 (B*T), targets int32 (B*T), logits fp32 (B*T*V), loss fp32 (1),
 //       the gradient of every parameter fp32 (the model's parameter count, checkpoint order),
@@ -20,6 +22,7 @@ constexpr int DEBUG_STATE_VERSION = 1;
 
 struct DebugState {
     int B = 0, T = 0, n_steps = 0;
+    bool masked = false;
     float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_clip = 0;
     std::vector<int> inputs, targets;
     std::vector<float> logits, grads, step_losses, step_norms;
@@ -46,6 +49,11 @@ inline DebugState load_debug_state(const char* path, const Llama3Config& config)
     s.B = h[2];
     s.T = h[3];
     s.n_steps = h[5];
+    if (h[6] != 0 && h[6] != 1) {
+        fprintf(stderr, "Error: debug state '%s' has masked flag %d in slot 6, expected 0 or 1\n", path, h[6]);
+        fail_exit();
+    }
+    s.masked = h[6] == 1;
     if (h[4] != config.vocab_size) {
         fprintf(stderr, "Error: debug state '%s' is for vocab_size %d, the model has %d\n", path, h[4],
                 config.vocab_size);
@@ -77,10 +85,11 @@ inline DebugState load_debug_state(const char* path, const Llama3Config& config)
     freadCheck(s.step_norms.data(), 4, s.n_steps, fp, "step grad norms");
     fcloseCheck(fp);
     for (size_t i = 0; i < N; i++) {
-        if (s.inputs[i] < 0 || s.inputs[i] >= config.vocab_size || s.targets[i] < 0 ||
-            s.targets[i] >= config.vocab_size) {
-            fprintf(stderr, "Error: debug state '%s' has a token id out of [0, %d) at position %zu\n", path,
-                    config.vocab_size, i);
+        bool ignored = s.masked && s.targets[i] == -1;
+        if (s.inputs[i] < 0 || s.inputs[i] >= config.vocab_size ||
+            (!ignored && (s.targets[i] < 0 || s.targets[i] >= config.vocab_size))) {
+            fprintf(stderr, "Error: debug state '%s' has a token id out of [0, %d) at position %zu%s\n", path,
+                    config.vocab_size, i, s.masked ? " (-1 marks a masked target)" : "");
             fail_exit();
         }
     }

@@ -5,7 +5,8 @@
 //   if write_dlogits: logits[n, :] is overwritten by dlogits = (p - onehot(target)) * dloss
 //   target < 0 marks an ignored position: loss 0 and (if written) dlogits 0. A target >= V is a caller bug: its loss
 //   is NaN (so it cannot go unnoticed) and its dlogits are p * dloss; nothing is read out of bounds.
-// dloss is the gradient of the final loss w.r.t. each per-position loss (1 / number of positions for a mean).
+// dloss is the gradient of the final loss w.r.t. each per-position loss: for the trainer's mean over the targets
+// that count, 1 / their number (every position of plain data; the unmasked ones with a loss mask).
 //
 // One block per row, two passes. Pass 1 keeps a running (max, sum of exp(x - max)) per thread ("online softmax"),
 // merges them across the block, and reads the target logit first (pass 2 overwrites it). Pass 2 re-reads the row

@@ -10,6 +10,9 @@ Examples:
   # debug state for the C/CUDA tie-out (model in fp32 and bf16, logits, loss, grads, 10 AdamW steps)
   python scripts/train_llama3.py --config test-gqa --batch_size 2 --seq_len 13 --steps 10 \
       --write_model out/model.bin --write_debug out/debug.bin
+  # the same with a loss mask: 40% of the targets ignored (-1), the loss the mean over the others
+  python scripts/train_llama3.py --config test-gqa --batch_size 2 --seq_len 13 --steps 10 --ignore_fraction 0.4 \
+      --model out/model.bin --write_debug out/masked_debug.bin
   # train on token shards with bf16 autocast and torch.compile
   python scripts/train_llama3.py --config d12 --input_bin "data/tinyshakespeare/*_train.bin" \
       --batch_size 16 --seq_len 1024 --steps 50 --dtype bfloat16 --compile 1
@@ -208,8 +211,9 @@ class Llama3(nn.Module):
         loss = None
         if targets is not None:
             # no explicit upcast: fp32 logits stay fp32, and under bf16 autocast cross_entropy runs in fp32 anyway
-            # (torch.compile can then fuse the upcast instead of materialising fp32 logits)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+            # (torch.compile can then fuse the upcast instead of materialising fp32 logits). Targets of -1 are
+            # masked: the loss is the mean over the others.
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
 
     def tensors_in_file_order(self):
@@ -322,7 +326,7 @@ def assign_stacked(model, name, value):
 def write_debug_state(path, model, inputs, targets, logits, loss, grads, step_losses, step_norms, hp):
     B, T = inputs.shape
     h = np.zeros(HEADER_SLOTS, dtype=np.int32)
-    h[0:6] = [DEBUG_MAGIC, DEBUG_VERSION, B, T, model.config.vocab_size, len(step_losses)]
+    h[0:7] = [DEBUG_MAGIC, DEBUG_VERSION, B, T, model.config.vocab_size, len(step_losses), int((targets < 0).any())]
     h[8:14] = np.array([hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.grad_clip], dtype=np.float32).view(
         np.int32)
     f32 = lambda t: t.detach().cpu().float().numpy().astype(np.float32).tobytes()
@@ -334,20 +338,24 @@ def write_debug_state(path, model, inputs, targets, logits, loss, grads, step_lo
 
 
 def load_tokens(pattern):
-    """All tokens of the llm.c-format shards matching pattern, concatenated."""
+    """All tokens of the llm.c-format shards matching pattern, concatenated, and their loss mask (1 where a token
+    counts as a target: everywhere for plain shards, as the shard says for loss-masked ones; dev/data/shards.py)."""
     files = sorted(glob.glob(pattern))
     if not files:
         raise SystemExit(f"error: no token shards match '{pattern}'")
-    parts = []
+    parts, masks = [], []
     for path in files:
         header = np.fromfile(path, dtype=np.int32, count=256)
-        if len(header) < 256 or header[0] != SHARD_MAGIC or header[1] != SHARD_VERSION:
+        if len(header) < 256 or header[0] != SHARD_MAGIC or header[1] != SHARD_VERSION or header[3] not in (0, 1):
             raise SystemExit(f"error: '{path}' is not a version {SHARD_VERSION} token shard")
-        tokens = np.fromfile(path, dtype=np.uint32, offset=1024)
-        if len(tokens) != header[2]:
-            raise SystemExit(f"error: '{path}' holds {len(tokens)} tokens, its header says {header[2]}")
-        parts.append(tokens)
-    return np.concatenate(parts).astype(np.int64)
+        n, masked = int(header[2]), bool(header[3])
+        if os.path.getsize(path) != 1024 + (5 if masked else 4) * n:
+            raise SystemExit(f"error: '{path}' is {os.path.getsize(path)} bytes, its header's {n} tokens "
+                             f"{'and loss mask ' if masked else ''}do not match")
+        parts.append(np.fromfile(path, dtype=np.uint32, count=n, offset=1024))
+        masks.append(np.fromfile(path, dtype=np.uint8, count=n, offset=1024 + 4 * n) if masked
+                     else np.ones(n, dtype=np.uint8))
+    return np.concatenate(parts).astype(np.int64), np.concatenate(masks).astype(bool)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -369,6 +377,8 @@ def main():
     parser.add_argument("--model", default="", help="start from this checkpoint instead of a random init")
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--input_bin", default="", help="token shard glob; random tokens when empty")
+    parser.add_argument("--ignore_fraction", type=float, default=0.0,
+                        help="mask each target with this probability (seeded): target -1, left out of the loss")
     parser.add_argument("--batch_size", "-B", type=int, default=4)
     parser.add_argument("--seq_len", "-T", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10)
@@ -404,8 +414,11 @@ def main():
         write_model(model, args.write_model, "float32")
         write_model(model, args.write_model.replace(".bin", "") + "_bf16.bin", "bfloat16")
 
+    if not 0.0 <= args.ignore_fraction < 1.0:
+        raise SystemExit(f"error: --ignore_fraction {args.ignore_fraction} not in [0, 1)")
     if args.input_bin:
-        tokens = torch.from_numpy(load_tokens(args.input_bin))
+        tokens, mask = load_tokens(args.input_bin)
+        tokens, mask = torch.from_numpy(tokens), torch.from_numpy(mask)
         if len(tokens) < B * T + 1:
             raise SystemExit(f"error: '{args.input_bin}' has {len(tokens)} tokens, need {B * T + 1} for one batch")
         if int(tokens.max()) >= config.vocab_size:
@@ -413,6 +426,10 @@ def main():
     else:
         gen = torch.Generator().manual_seed(args.seed + 1)
         tokens = torch.randint(0, config.vocab_size, (B * T * max(1, args.steps) + 1,), generator=gen)
+        mask = torch.ones(len(tokens), dtype=torch.bool)
+    if args.ignore_fraction > 0:
+        gen = torch.Generator().manual_seed(args.seed + 2)
+        mask &= torch.rand(len(tokens), generator=gen) >= args.ignore_fraction
 
     device = args.device
     model = model.to(device)
@@ -427,7 +444,8 @@ def main():
             step = 0  # the debug state overfits one fixed batch
         start = (step * B * T) % (len(tokens) - B * T)
         chunk = tokens[start:start + B * T + 1]
-        return chunk[:-1].view(B, T).to(device), chunk[1:].view(B, T).to(device)
+        targets = torch.where(mask[start + 1:start + B * T + 1], chunk[1:], -1)
+        return chunk[:-1].view(B, T).to(device), targets.view(B, T).to(device)
 
     step_losses, step_norms, times = [], [], []
     for step in range(args.steps):

@@ -204,21 +204,29 @@ inline void swiglu_backward(float* dinp, const float* dout, const float* inp, in
     }
 }
 
-// Mean cross-entropy over the N rows; dlogits = (softmax - onehot(target)) / N.
+// Mean cross-entropy over the rows whose target counts: a target of -1 is masked (a loss mask), adds no loss and
+// gets zero dlogits. With `count` counted rows, dlogits = (softmax - onehot(target)) / count; with none the loss is
+// NaN (0 / 0, as PyTorch's cross_entropy with ignore_index gives).
 inline float cross_entropy(float* dlogits, const float* logits, const int* targets, int N, int V) {
     double total = 0.0;
+    int count = 0;
+    for (int n = 0; n < N; n++) count += targets[n] >= 0;
     for (int n = 0; n < N; n++) {
         const float* row = logits + (size_t)n * V;
+        if (targets[n] < 0) {
+            std::fill(dlogits + (size_t)n * V, dlogits + (size_t)(n + 1) * V, 0.0f);
+            continue;
+        }
         double maxval = -INFINITY, sum = 0.0;
         for (int v = 0; v < V; v++) maxval = fmax(maxval, row[v]);
         for (int v = 0; v < V; v++) sum += exp((double)row[v] - maxval);
         total += log(sum) + maxval - row[targets[n]];
         for (int v = 0; v < V; v++) {
             double p = exp((double)row[v] - maxval) / sum;
-            dlogits[(size_t)n * V + v] = (float)((p - (v == targets[n] ? 1.0 : 0.0)) / N);
+            dlogits[(size_t)n * V + v] = (float)((p - (v == targets[n] ? 1.0 : 0.0)) / count);
         }
     }
-    return (float)(total / N);
+    return count > 0 ? (float)(total / count) : NAN;
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 //
 // version 1 = llmc/fused_classifier.cuh. Odd V (259, 1003) makes every other row start misaligned, exercising the
 // scalar head and tail around the 16-byte body; V = 128256 is Llama 3's vocabulary; V = 1 and V = 7 are shorter
-// than one vector. Some targets are -1 (ignored). Logits are scaled so the softmax is far from uniform.
+// than one vector. Targets of -1 are ignored, as a loss mask makes them (every fifth row, or every row), and dloss is
+// 1 / the rows that count, as the trainer uses it. Logits are scaled so the softmax is far from uniform.
 //
 // build: make -C dev/cuda bin/fused_classifier   run: dev/cuda/bin/fused_classifier
 #include "common.h"
@@ -32,13 +33,16 @@ static void cpu_classifier(std::vector<float>& losses, std::vector<float>& dlogi
     }
 }
 
-static void test_case(int N, int V, uint64_t seed) {
-    printf("N=%d V=%d\n", N, V);
+// ignore_every: every ignore_every-th row (from row 2, or from row 0 when 1: all rows) has target -1
+static void test_case(int N, int V, uint64_t seed, int ignore_every = 5) {
+    printf("N=%d V=%d, target -1 every %d rows\n", N, V, ignore_every);
     size_t NV = (size_t)N * V;
     std::vector<float> logits = round_to_floatX(random_floats(NV, seed, 3.0f));
     std::vector<int> targets = random_ints(N, V, seed + 1);
-    for (int n = 2; n < N; n += 5) targets[n] = -1;  // ignored positions
-    float dloss = 1.0f / N;
+    for (int n = ignore_every == 1 ? 0 : 2; n < N; n += ignore_every) targets[n] = -1;
+    int counted = 0;
+    for (int t : targets) counted += t >= 0;
+    float dloss = 1.0f / std::max(counted, 1);
     std::vector<float> ref_loss(N), ref_dlogits(NV);
     cpu_classifier(ref_loss, ref_dlogits, logits, targets, dloss, N, V);
 
@@ -79,6 +83,7 @@ int main(int argc, char** argv) {
     test_case(9, 7, 4);
     test_case(4, 1, 5);
     test_case(16, 2048, 6);
+    test_case(8, 1003, 7, 1);  // every row masked: losses and dlogits all zero
 
     // timing: N = 2048 rows of Llama 3's vocabulary
     int N = 2048, V = 128256;

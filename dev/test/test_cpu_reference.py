@@ -40,6 +40,52 @@ def test_fixture_ties_out(name):
     assert result.stdout.count(" OK") >= 2 + 9 + 2 * 10 - 1  # logits, loss, tensors, 10 steps
 
 
+MASKED_DEBUG = os.path.join(FIXTURES, "gqa_masked_debug.bin")
+
+
+def masked_targets():
+    h = np.fromfile(MASKED_DEBUG, dtype=np.int32, count=64)
+    n = int(h[2]) * int(h[3])
+    return h, np.fromfile(MASKED_DEBUG, dtype=np.int32, count=n, offset=HEADER_BYTES + 4 * n)
+
+
+def test_masked_fixture_ties_out():
+    """The PyTorch reference with ignore_index=-1 (loss the mean over the unmasked targets) against the CPU
+    reference: logits, loss, gradients and 10 AdamW steps."""
+    h, targets = masked_targets()
+    assert h[6] == 1 and 0 < (targets == -1).sum() < len(targets)  # masked, but not everything
+    assert ((targets == -1) | (targets >= 0)).all()
+    result = run_reference(fixture("gqa")[0], MASKED_DEBUG)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all checks passed" in result.stdout
+    assert result.stdout.count(" OK") == 2 + 9 + 2 * 10
+
+
+def test_masked_fixture_needs_the_mask(tmp_path):
+    """The mask matters: the same state with the masked targets given real ids (flag cleared) fails the loss, and
+    -1 targets without the flag are rejected."""
+    h, targets = masked_targets()
+    n = len(targets)
+
+    def with_targets(new_targets, flag):
+        def edit(data):
+            data[4 * 6:4 * 7] = struct.pack("<i", flag)
+            data[HEADER_BYTES + 4 * n:HEADER_BYTES + 8 * n] = new_targets.astype("<i4").tobytes()
+            return data
+        return edit
+
+    unmasked = damaged_copy(tmp_path, MASKED_DEBUG, "unmasked.bin", with_targets(np.where(targets < 0, 0, targets), 0))
+    result = run_reference(fixture("gqa")[0], unmasked)
+    assert result.returncode != 0
+    assert any(l.startswith("loss") and l.endswith("FAIL") for l in result.stdout.splitlines()), result.stdout
+    no_flag = damaged_copy(tmp_path, MASKED_DEBUG, "no_flag.bin", with_targets(targets, 0))
+    result = run_reference(fixture("gqa")[0], no_flag)
+    assert result.returncode != 0 and str(no_flag) in result.stderr and "token id" in result.stderr
+    minus_two = damaged_copy(tmp_path, MASKED_DEBUG, "minus_two.bin", with_targets(np.where(targets < 0, -2, targets), 1))
+    result = run_reference(fixture("gqa")[0], minus_two)
+    assert result.returncode != 0 and str(minus_two) in result.stderr and "token id" in result.stderr
+
+
 @pytest.mark.parametrize("name", ["gqa", "tied"])
 def test_bf16_checkpoint_loads_close(name, tmp_path):
     """The bf16 checkpoint holds the same model rounded to bf16: the tie-out must fail (it is not exact) but
@@ -143,6 +189,7 @@ BAD_DEBUG = {
     "wrong_magic": (set_slot(0, 1), "debug state"),
     "vocab_mismatch": (set_slot(4, 258), "vocab_size"),
     "token_out_of_range": (set_slot(64, 100000), "token id"),
+    "bad_masked_flag": (set_slot(6, 2), "masked flag"),
 }
 
 

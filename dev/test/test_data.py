@@ -122,6 +122,26 @@ def test_shard_writer_splits_the_stream(tmp_path):
     assert np.array_equal(np.concatenate([shards.read_shard(p) for p in paths]), stream)
 
 
+def test_masked_shard_roundtrip_python(tmp_path):
+    tokens = np.array([128000, 5, 6, 7, 128009, 9], dtype=np.int64)
+    mask = np.array([0, 0, 1, 1, 1, 0])
+    path = tmp_path / "m.bin"
+    shards.write_shard(path, tokens, mask)
+    assert os.path.getsize(path) == 1024 + 5 * len(tokens)
+    header = np.fromfile(path, dtype="<i4", count=256)
+    assert list(header[:4]) == [20240801, 7, len(tokens), 1] and not header[4:].any()
+    assert np.array_equal(shards.read_shard(path), tokens) and np.array_equal(shards.read_loss_mask(path), mask)
+    shards.write_shard(tmp_path / "plain.bin", tokens)
+    assert shards.read_loss_mask(tmp_path / "plain.bin") is None
+    with pytest.raises(ValueError, match="0 or 1"):
+        shards.write_shard(tmp_path / "bad.bin", tokens, [0, 1, 2, 1, 1, 0])
+    with pytest.raises(ValueError, match="shape"):
+        shards.write_shard(tmp_path / "bad.bin", tokens, [0, 1])
+    path.write_bytes(path.read_bytes()[:-1])  # a masked shard missing its last mask byte
+    with pytest.raises(ValueError, match="loss mask"):
+        shards.read_shard(path)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Dataloader
 
@@ -173,6 +193,35 @@ def test_dataloader_eval_pass_reports_done(rule_shards):
     assert f"eval done after {expected} batches" in result.stdout
 
 
+def test_dataloader_masked_and_plain_shards(tmp_path):
+    """A masked shard delivers -1 for every target whose mask is 0 (inputs untouched); a plain shard next to it
+    counts every target. Checked against Python over a whole epoch, shuffled, with two ranks."""
+    rng = np.random.default_rng(5)
+    sizes = [1000, 777]
+    data = [(s + 1) * 1_000_000 + np.arange(n) for s, n in enumerate(sizes)]
+    mask = rng.integers(0, 2, size=sizes[0])
+    shards.write_shard(tmp_path / "data_00.bin", data[0], mask)
+    shards.write_shard(tmp_path / "data_01.bin", data[1])
+    masks = [mask, np.ones(sizes[1], dtype=np.int64)]
+    B, T = 2, 5
+    per_epoch = sum((n - 1) // (2 * B * T) for n in sizes)
+    for rank in (0, 1):
+        result = run_ok(loader_args(str(tmp_path / "data_*.bin"), B=B, T=T, rank=rank, nproc=2, shuffle=1, seed=9,
+                                    nbatches=per_epoch))
+        batches = parse_batches(result.stdout)
+        assert len(batches) == per_epoch
+        masked_seen = 0
+        for shard, offset, _, inputs, targets in batches:
+            window = data[shard][offset:offset + B * T + 1]
+            counts = masks[shard][offset + 1:offset + B * T + 1] == 1
+            assert inputs == window[:-1].tolist()
+            assert targets == np.where(counts, window[1:], -1).tolist()
+            masked_seen += int((~counts).sum())
+        assert masked_seen > 0
+        counted = [int(l.split(":")[0].split()[9]) for l in result.stdout.splitlines() if l.startswith("batch ")]
+        assert counted == [sum(t >= 0 for t in b[4]) for b in batches]
+
+
 def make_bad_shard(tmp_path, case):
     """Writes a broken shard into tmp_path; returns (pattern, loader kwargs, words the error must contain)."""
     path = tmp_path / "bad_000.bin"
@@ -207,11 +256,27 @@ def make_bad_shard(tmp_path, case):
         tokens[where] = 4096
         shards.write_shard(path, tokens)
         return str(path), {"B": 2, "T": 8, "vocab": 4096}, [f"token offset {where}", "4096"]
+    if case == "mask_flag_2":
+        header = shards.make_header(200)
+        header[3] = 2
+        path.write_bytes(header.tobytes() + good.astype("<u4").tobytes())
+        return str(path), {}, ["loss-mask flag 2"]
+    if case == "mask_missing":  # flagged as masked, but only the tokens are there
+        path.write_bytes(shards.make_header(200, masked=True).tobytes() + good.astype("<u4").tobytes())
+        return str(path), {}, ["loss mask", "truncated"]
+    if case == "mask_byte_not_01":
+        mask = np.ones(200, dtype=np.uint8)
+        shards.write_shard(path, good, mask)
+        data = bytearray(path.read_bytes())
+        data[1024 + 4 * 200 + 40] = 7  # in the third batch (tokens 32..48)
+        path.write_bytes(bytes(data))
+        return str(path), {"B": 2, "T": 8}, ["loss-mask byte 7", "token offset 40"]
     raise ValueError(case)
 
 
 BAD_CASES = ["wrong_magic", "wrong_version", "truncated", "trailing_bytes", "shorter_than_header", "empty_pattern",
-             "too_small", "token_out_of_vocab", "target_out_of_vocab"]
+             "too_small", "token_out_of_vocab", "target_out_of_vocab", "mask_flag_2", "mask_missing",
+             "mask_byte_not_01"]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
@@ -224,7 +289,7 @@ def test_dataloader_rejects_bad_input(tmp_path, case):
     for word in words:
         assert word in result.stderr, f"{case}: '{word}' missing from: {result.stderr}"
     # the batches before the damage may pass, the one that holds it must not
-    batches_before = 37 // 16 if case == "token_out_of_vocab" else 0
+    batches_before = 40 // 16 if case == "mask_byte_not_01" else 37 // 16 if case == "token_out_of_vocab" else 0
     assert len(parse_batches(result.stdout)) == batches_before, f"{case}: a bad batch got through\n{result.stdout}"
 
 

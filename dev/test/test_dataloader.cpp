@@ -7,7 +7,8 @@
 //       makes a sparse shard of 2.4 GB in DIR and reads a batch from past the 2 GiB mark
 //   test_dataloader run PATTERN B T RANK NPROC SHUFFLE SEED VOCAB NBATCHES [--eval] [--save-after K FILE]
 //                       [--load FILE]
-//       prints NBATCHES batches, one line each: "batch K shard S offset O epoch E: inputs | targets"; --eval walks
+//       prints NBATCHES batches, one line each: "batch K shard S offset O epoch E counted C: inputs | targets" (C:
+//       the targets that are not masked, -1); --eval walks
 //       the eval pass to its end instead; --save-after saves the state after K batches; --load restores one first.
 //       The bad-input tests run this and expect a clear error and a non-zero exit.
 // Checks print one line each; the program exits 1 if any failed.
@@ -324,8 +325,9 @@ static std::vector<int64_t> parse_sizes(const char* s) {
 }
 
 static void print_batch(const DataLoader& loader, int64_t k, int64_t epoch) {
-    printf("batch %lld shard %lld offset %lld epoch %lld:", (long long)k, (long long)loader.batch_shard,
-           (long long)loader.batch_offset, (long long)epoch);
+    long long counted = std::count_if(loader.targets.begin(), loader.targets.end(), [](int t) { return t >= 0; });
+    printf("batch %lld shard %lld offset %lld epoch %lld counted %lld:", (long long)k, (long long)loader.batch_shard,
+           (long long)loader.batch_offset, (long long)epoch, counted);
     for (int x : loader.inputs) printf(" %d", x);
     printf(" |");
     for (int x : loader.targets) printf(" %d", x);
