@@ -13,7 +13,11 @@ NVCC ?= nvcc
 PYTHON ?= python3
 PRECISION ?= BF16
 
-CXXFLAGS = -O2 -std=c++17 -Wall -Wextra -I.
+# nlohmann/json (read by llmc/hf_model.h): the Debian package nlohmann-json3-dev in /usr/include, or a copy in the
+# ignored .deps/ that `make deps` makes from it, to carry to a machine without apt.
+JSON_INCLUDE = $(if $(wildcard .deps/nlohmann/json.hpp),-isystem .deps,)
+
+CXXFLAGS = -O2 -std=c++17 -Wall -Wextra -I. $(JSON_INCLUDE)
 ifeq ($(NO_OMP),1)
   OMP_FLAGS = -Wno-unknown-pragmas
 else
@@ -41,18 +45,18 @@ else
   $(error PRECISION must be BF16 or FP32, got '$(PRECISION)')
 endif
 
-NVCC_FLAGS = -O3 -std=c++17 -I. $(GENCODE) $(PRECISION_FLAGS) --use_fast_math -Xcompiler -Wall \
+NVCC_FLAGS = -O3 -std=c++17 -I. $(JSON_INCLUDE) $(GENCODE) $(PRECISION_FLAGS) --use_fast_math -Xcompiler -Wall \
              -Xcompiler $(OMP_FLAGS)
 NVCC_LIBS = -lcublasLt -lcublas
 
 HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
-CPU_TARGETS = dev/cpu/test_llama3_cpu dev/test/test_dataloader dev/test/test_tokenizer
+CPU_TARGETS = dev/cpu/test_llama3_cpu dev/test/test_dataloader dev/test/test_tokenizer dev/test/test_hf_model
 CUDA_TARGETS = train_llama3cu test_llama3cu
 
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c GPU)
 
-.PHONY: all cpu cuda test run data clean
+.PHONY: all cpu cuda test run data clean deps
 
 all: cpu $(if $(HAVE_NVCC),cuda,)
 
@@ -95,6 +99,10 @@ run: data train_llama3cu
 	./train_llama3cu -c d6 -i "$(DATA_DIR)/tiny_shakespeare_train.bin" -j "$(DATA_DIR)/tiny_shakespeare_val.bin" \
 	    -z $(DATA_DIR)/tokenizer.bin -o $(RUN_DIR) -b 16 -t 256 -x 300 -l 1e-3 -v 50 -s 100 -n 150
 	$(PYTHON) scripts/plot_loss.py $(RUN_DIR)/log.txt $(RUN_DIR)/loss.png
+
+deps:
+	mkdir -p .deps && cp -r /usr/include/nlohmann .deps/
+	cp /usr/share/doc/nlohmann-json3-dev/copyright .deps/nlohmann/LICENSE
 
 clean:
 	rm -f $(CPU_TARGETS) $(CUDA_TARGETS) .precision_*

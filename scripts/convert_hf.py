@@ -664,7 +664,8 @@ def hf_tensors(c, tensors):
 
 
 def write_safetensors(path, named_arrays, dtype):
-    """named_arrays: [(name, shape, callable giving the array)], written in that order."""
+    """named_arrays: [(name, shape, callable giving the array)], written sorted by name as save_pretrained does."""
+    named_arrays = sorted(named_arrays, key=lambda item: item[0])
     st_dtype = {"fp32": "F32", "bf16": "BF16"}[dtype]
     itemsize = 4 if dtype == "fp32" else 2
     header, offset = {"__metadata__": {"format": "pt"}}, 0
