@@ -19,6 +19,7 @@
 
 #include "llmc/utils.h"
 #include "llmc/checkpoint.h"
+#include "llmc/hf_model.h"
 #include "llmc/cuda_common.h"
 #include "llmc/dataloader.h"
 #include "llmc/tokenizer.h"
@@ -123,7 +124,7 @@ struct Llama3 {
     }
 
     void load(const char* path) {
-        std::vector<float> host = load_checkpoint_fp32(path, &config);
+        std::vector<float> host = load_model_fp32(path, &config);  // our .bin or a Hugging Face directory
         allocate_params();
         upload_fp32(host);
     }
@@ -139,11 +140,18 @@ struct Llama3 {
     // Writes the model in our checkpoint format, in the build's precision: the parameters exactly as they are
     // (in bf16 builds the exact master weights go to the training state).
     void save(const char* path) const {
+        save_checkpoint_fp32(path, config, params_fp32().data(), sizeof(floatX) == 4 ? DTYPE_FP32 : DTYPE_BF16);
+    }
+
+    // The same parameters as a Hugging Face directory (llmc/hf_model.h).
+    void save_hf(const char* dir) const {
+        save_hf_model(dir, config, params_fp32().data(), sizeof(floatX) == 4 ? DTYPE_FP32 : DTYPE_BF16);
+    }
+
+    std::vector<float> params_fp32() const {
         std::vector<floatX> raw(num_params);
         cudaCheck(cudaMemcpy(raw.data(), params.ptr, params.bytes(), cudaMemcpyDeviceToHost));
-        std::vector<float> host(num_params);
-        for (size_t i = 0; i < num_params; i++) host[i] = (float)raw[i];
-        save_checkpoint_fp32(path, config, host.data(), sizeof(floatX) == 4 ? DTYPE_FP32 : DTYPE_BF16);
+        return std::vector<float>(raw.begin(), raw.end());
     }
 
     // Activations for batches of up to B x T; the classifier works on chunks of rows so the (rows, V) logits never
@@ -528,6 +536,7 @@ struct Options {
     const char* config_name = "";
     int depth = 0;
     const char* out_dir = "";
+    const char* export_dir = "";
     const char* tokenizer_path = "";
     int B = 4, T = 1024;
     long total_batch = 0;  // tokens per step; 0: B * T
@@ -547,7 +556,7 @@ struct Options {
 static void usage(const Options& d) {
     printf("Usage: ./train_llama3cu [options]\n");
     printf("Model (one of -e or -c):\n");
-    printf("  -e <path>   start from this checkpoint\n");
+    printf("  -e <path>   start from this checkpoint (.bin) or Hugging Face model directory\n");
     printf("  -c <name>   from scratch: llama3.1-8B, llama3.2-1B, llama3.2-3B or dN (e.g. d12)\n");
     printf("  -d <int>    keep only the first N layers of -c (default %d: all)\n", d.depth);
     printf("  -S <int>    seed for init, shuffling and sampling (default %llu)\n", (unsigned long long)d.seed);
@@ -576,6 +585,8 @@ static void usage(const Options& d) {
     printf("  -n <int>    checkpoint every N steps, 0 never (default %d)\n", d.checkpoint_every);
     printf("  -r <int>    keep the last N checkpoints (default %d)\n", d.keep_checkpoints);
     printf("  -y <0|1>    resume from the latest checkpoint in -o (default %d)\n", d.resume);
+    printf("  -X <dir>    at the end, write the model as a Hugging Face directory (config.json, safetensors in the\n"
+           "              build's precision); add the tokenizer with scripts/convert_hf.py tokenizer (default none)\n");
     printf("Memory and speed:\n");
     printf("  -R <0|1|2>  activation recomputation: 0 none, 1 norms and swiglu, 2 also the w13 matmul (default %d)\n",
            d.recompute);
@@ -664,6 +675,7 @@ static Options parse_options(int argc, char** argv) {
             case 's': o.sample_every = (int)parse_int(flag, val, 0, 1 << 30); break;
             case 'L': o.sample_length = (int)parse_int(flag, val, 1, 1 << 20); break;
             case 'o': o.out_dir = val; break;
+            case 'X': o.export_dir = val; break;
             case 'n': o.checkpoint_every = (int)parse_int(flag, val, 0, 1 << 30); break;
             case 'r': o.keep_checkpoints = (int)parse_int(flag, val, 1, 1 << 20); break;
             case 'y': o.resume = (int)parse_int(flag, val, 0, 1); break;
@@ -922,6 +934,10 @@ int main(int argc, char** argv) {
                peak > 0 ? flops_per_step / (median_ms / 1000.0) / (peak * 1e12) * 100.0 : 0.0,
                peak_used / 1073741824.0);
         model.profiler.report(median_ms);
+    }
+    if (opt.export_dir[0] != '\0') {
+        model.save_hf(opt.export_dir);
+        printf("exported %s (Hugging Face format)\n", opt.export_dir);
     }
     if (log) fcloseCheck(log);
     matmul_destroy();
