@@ -149,16 +149,26 @@ def write_atomic(path, write):
             os.remove(tmp)
 
 
-def write_checkpoint(path, c, dtype, tensors):
-    """tensors: {name: callable returning the array in `dtype`}, called one at a time in file order."""
+LAYER_TENSORS = {"attn_norm", "wqkv", "wo", "ffn_norm", "w13", "w2"}
+
+
+def write_checkpoint(path, c, dtype, tensors, source):
+    """tensors: {name: callable giving the tensor's parts in `dtype`}: one part per layer for the layer-stacked
+    tensors, else the whole tensor. Written one part at a time, so only one layer's tensor is in memory."""
     shapes = config_shapes(c)
 
     def write(f):
         f.write(checkpoint_header(c, dtype).tobytes())
         for name, shape in shapes.items():
-            array = tensors[name]()
-            assert array.shape == shape, (name, array.shape, shape)
-            f.write(np.ascontiguousarray(array).tobytes())
+            part_shape, count = (shape[1:], shape[0]) if name in LAYER_TENSORS else (shape, 1)
+            parts = 0
+            for part in tensors[name]():
+                if part.shape != part_shape:
+                    raise ConvertError(f"{source}: {name} (layer {parts}) has shape {list(part.shape)}, the config "
+                                       f"implies {list(part_shape)}")
+                f.write(np.ascontiguousarray(part).tobytes())
+                parts += 1
+            assert parts == count, (name, parts, count)
 
     write_atomic(path, write)
 
@@ -432,9 +442,9 @@ def ours_from_hf(c, get):
     it maps gradients as well as weights."""
     H, KV = c["n_heads"], c["n_kv_heads"]
     layers = range(c["n_layers"])
-    per_layer = lambda build: (lambda: np.stack([build(f"model.layers.{i}.") for i in layers]))
+    per_layer = lambda build: (lambda: (build(f"model.layers.{i}.") for i in layers))
     return {
-        "tok_embedding": lambda: get("model.embed_tokens.weight"),
+        "tok_embedding": lambda: [get("model.embed_tokens.weight")],
         "attn_norm": per_layer(lambda p: get(p + "input_layernorm.weight")),
         "wqkv": per_layer(lambda p: np.concatenate([hf_to_interleaved(get(p + "self_attn.q_proj.weight"), H),
                                                     hf_to_interleaved(get(p + "self_attn.k_proj.weight"), KV),
@@ -443,8 +453,8 @@ def ours_from_hf(c, get):
         "ffn_norm": per_layer(lambda p: get(p + "post_attention_layernorm.weight")),
         "w13": per_layer(lambda p: np.concatenate([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])),
         "w2": per_layer(lambda p: get(p + "mlp.down_proj.weight")),
-        "final_norm": lambda: get("model.norm.weight"),
-        "lm_head": lambda: get("lm_head.weight"),
+        "final_norm": lambda: [get("model.norm.weight")],
+        "lm_head": lambda: [get("lm_head.weight")],
     }
 
 
@@ -500,7 +510,7 @@ def import_hf(src, out, dtype):
             raise ConvertError(f"{where['lm_head.weight'].path}: tie_word_embeddings is true in config.json but "
                                f"lm_head.weight differs from model.embed_tokens.weight")
 
-    write_checkpoint(out, c, dtype, ours_from_hf(c, get))
+    write_checkpoint(out, c, dtype, ours_from_hf(c, get), src)
     return c, dtype
 
 
@@ -589,39 +599,23 @@ def import_meta(src, out, dtype, rope_scaling_factor, max_seq_len):
     embedding = get("tok_embeddings.weight", 0)
     output = get("output.weight", 0) if "output.weight" in names else None
     c["tied_embeddings"] = int(output is None or np.array_equal(output, embedding))
-    shapes = config_shapes(c)
     layers = range(c["n_layers"])
-
-    def stacked(name, build):
-        def make():
-            array = np.stack([build(f"layers.{i}.") for i in layers])
-            if array.shape != shapes[name]:
-                raise ConvertError(f"{src}: {name} gathered from the shards has shape {list(array.shape)}, "
-                                   f"params.json implies {list(shapes[name])}")
-            return array
-        return make
-
-    def checked(name, array):
-        if array.shape != shapes[name]:
-            raise ConvertError(f"{src}: {name} has shape {list(array.shape)}, params.json implies "
-                               f"{list(shapes[name])}")
-        return array
-
+    per_layer = lambda build: (lambda: (build(f"layers.{i}.") for i in layers))
     tensors = {
-        "tok_embedding": lambda: checked("tok_embedding", embedding),
-        "attn_norm": stacked("attn_norm", lambda p: get(p + "attention_norm.weight", None)),
-        "wqkv": stacked("wqkv", lambda p: np.concatenate([get(p + "attention.wq.weight", 0),
-                                                          get(p + "attention.wk.weight", 0),
-                                                          get(p + "attention.wv.weight", 0)])),
-        "wo": stacked("wo", lambda p: get(p + "attention.wo.weight", 1)),
-        "ffn_norm": stacked("ffn_norm", lambda p: get(p + "ffn_norm.weight", None)),
-        "w13": stacked("w13", lambda p: np.concatenate([get(p + "feed_forward.w1.weight", 0),
-                                                        get(p + "feed_forward.w3.weight", 0)])),
-        "w2": stacked("w2", lambda p: get(p + "feed_forward.w2.weight", 1)),
-        "final_norm": lambda: checked("final_norm", get("norm.weight", None)),
-        "lm_head": lambda: checked("lm_head", output),
+        "tok_embedding": lambda: [embedding],
+        "attn_norm": per_layer(lambda p: get(p + "attention_norm.weight", None)),
+        "wqkv": per_layer(lambda p: np.concatenate([get(p + "attention.wq.weight", 0),
+                                                    get(p + "attention.wk.weight", 0),
+                                                    get(p + "attention.wv.weight", 0)])),
+        "wo": per_layer(lambda p: get(p + "attention.wo.weight", 1)),
+        "ffn_norm": per_layer(lambda p: get(p + "ffn_norm.weight", None)),
+        "w13": per_layer(lambda p: np.concatenate([get(p + "feed_forward.w1.weight", 0),
+                                                  get(p + "feed_forward.w3.weight", 0)])),
+        "w2": per_layer(lambda p: get(p + "feed_forward.w2.weight", 1)),
+        "final_norm": lambda: [get("norm.weight", None)],
+        "lm_head": lambda: [output],
     }
-    write_checkpoint(out, c, dtype, tensors)
+    write_checkpoint(out, c, dtype, tensors, src)
     return c, dtype
 
 

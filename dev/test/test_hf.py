@@ -621,3 +621,25 @@ def test_chat_template_and_tokenizer_config(tokenizer_dir):
                     "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"
                     "<|start_header_id|>assistant<|end_header_id|>\n\n")
     assert tok.bos_token_id == 128000 and tok.eos_token_id == 128009
+
+
+def test_released_llama32_config_maps():
+    """config.json as Meta's Llama-3.2-1B-Instruct ships it (transformers 4.x form) maps to our llama3.2-1B."""
+    released = {
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "head_dim": 64, "hidden_act": "silu",
+        "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072,
+        "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16,
+        "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256}
+    c = convert_hf.hf_to_config(released, "config.json")
+    assert c == dict(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_hidden=8192,
+                     max_seq_len=131072, tied_embeddings=1, norm_eps=1e-5, rope_theta=500000.0, use_rope_scaling=1,
+                     rope_scaling_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                     rope_original_max_seq_len=8192)
+    exported = convert_hf.config_to_hf(c, "bf16")
+    assert {k: exported[k] for k in released if k != "transformers_version"} == {
+        k: v for k, v in released.items() if k != "transformers_version"}
