@@ -643,3 +643,48 @@ def test_released_llama32_config_maps():
     exported = convert_hf.config_to_hf(c, "bf16")
     assert {k: exported[k] for k in released if k != "transformers_version"} == {
         k: v for k, v in released.items() if k != "transformers_version"}
+
+
+@needs_tokenizer
+@needs_transformers
+def test_full_vocab_export_generates_with_chat_template(tmp_path):
+    """A random model with the Llama 3 vocab, exported with the tokenizer: transformers loads model and tokenizer
+    without warnings, renders the chat template and generates."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    c = dict(vocab_size=128256, dim=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=256,
+             tied_embeddings=1, use_rope_scaling=1, rope_original_max_seq_len=64, norm_eps=1e-5, rope_theta=500000.0,
+             rope_scaling_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0)
+    rng = np.random.default_rng(0)
+
+    def random_parts(name, shape):
+        array = rng.normal(1.0 if "norm" in name else 0.0, 0.02, shape).astype(np.float32)
+        return lambda: list(array) if name in convert_hf.LAYER_TENSORS else [array]
+
+    tensors = {name: random_parts(name, shape) for name, shape in convert_hf.config_shapes(c).items()}
+    model_bin, out = tmp_path / "m.bin", tmp_path / "hf"
+    convert_hf.write_checkpoint(str(model_bin), c, "fp32", tensors, "test")
+    result = convert("export", model_bin, out, "--dtype", "bf16", "--tokenizer", tokenizer_model())
+    assert result.returncode == 0, result.stderr
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    transformers.logging.get_logger().addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = AutoModelForCausalLM.from_pretrained(out)
+            tok = AutoTokenizer.from_pretrained(out)
+    finally:
+        transformers.logging.get_logger().removeHandler(handler)
+    problems = [r.getMessage() for r in records if r.levelno >= logging.WARNING] + [str(w.message) for w in caught]
+    assert not problems, problems
+    assert model.dtype == torch.bfloat16 and model.config.eos_token_id == [128001, 128008, 128009]
+    ids = tok.apply_chat_template([{"role": "user", "content": "Hello!"}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    assert ids[0, 0].item() == 128000 and ids[0, -1].item() == 271  # "\n\n" after the assistant header
+    generated = model.generate(ids, max_new_tokens=5, do_sample=False)
+    assert generated.shape[1] == ids.shape[1] + 5 or int(generated[0, -1]) in (128001, 128008, 128009)
+    assert isinstance(tok.decode(generated[0]), str)
