@@ -28,7 +28,6 @@ quantization, ...) stops the conversion with a message naming the file and the f
 """
 
 import argparse
-import base64
 import json
 import math
 import os
