@@ -15,7 +15,11 @@ NVCC ?= nvcc
 PYTHON ?= python3
 PRECISION ?= BF16
 
-CXXFLAGS = -O2 -std=c++17 -Wall -Wextra -I.
+# nlohmann/json (read by llmc/hf_model.h): the Debian package nlohmann-json3-dev in /usr/include, or a copy in the
+# ignored .deps/ that `make deps` makes from it, to carry to a machine without apt.
+JSON_INCLUDE = $(if $(wildcard .deps/nlohmann/json.hpp),-isystem .deps,)
+
+CXXFLAGS = -O2 -std=c++17 -Wall -Wextra -I. $(JSON_INCLUDE)
 ifeq ($(NO_OMP),1)
   OMP_FLAGS = -Wno-unknown-pragmas
 else
@@ -43,7 +47,7 @@ else
   $(error PRECISION must be BF16 or FP32, got '$(PRECISION)')
 endif
 
-NVCC_FLAGS = -O3 -std=c++17 -I. $(GENCODE) $(PRECISION_FLAGS) --use_fast_math -Xcompiler -Wall \
+NVCC_FLAGS = -O3 -std=c++17 -I. $(JSON_INCLUDE) $(GENCODE) $(PRECISION_FLAGS) --use_fast_math -Xcompiler -Wall \
              -Xcompiler $(OMP_FLAGS)
 NVCC_LIBS = -lcublasLt -lcublas
 
@@ -74,13 +78,14 @@ ifeq ($(USE_MPI),1)
 endif
 
 HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
-CPU_TARGETS = dev/cpu/test_llama3_cpu dev/test/test_dataloader dev/test/test_tokenizer dev/test/test_reliability
+CPU_TARGETS = dev/cpu/test_llama3_cpu dev/test/test_dataloader dev/test/test_tokenizer dev/test/test_reliability \
+              dev/test/test_hf_model
 CUDA_TARGETS = train_llama3cu test_llama3cu
 
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c GPU)
 
-.PHONY: all cpu cuda test run data finetune clean
+.PHONY: all cpu cuda test run data finetune clean deps
 
 all: cpu $(if $(HAVE_NVCC),cuda,)
 
@@ -140,7 +145,7 @@ FT_STEPS ?= 40
 FT_FLAGS ?= -b 4 -l 2e-5 -u 4 -w 0 -v 10 -m -1
 FT_PROMPT ?= What is 12 plus 30?
 EXPORT_DIR ?= $(FT_RUN_DIR)/hf
-FT_EXPORT_FLAGS ?=
+FT_EXPORT_FLAGS ?= -X $(EXPORT_DIR)
 
 finetune: train_llama3cu
 	@test -n "$(MODEL)" || { echo "Error: make finetune needs MODEL=path (a checkpoint train_llama3cu -e reads)" >&2; exit 1; }
@@ -152,6 +157,11 @@ finetune: train_llama3cu
 	    -s $(FT_STEPS) -n $(FT_STEPS) -L 64 $(FT_FLAGS) $(FT_EXPORT_FLAGS)
 	@echo "val loss before and after:" && grep val_loss $(FT_RUN_DIR)/log.txt | sed -n '1p;$$p'
 	$(PYTHON) scripts/plot_loss.py $(FT_RUN_DIR)/log.txt $(FT_RUN_DIR)/loss.png
+	$(PYTHON) scripts/convert_hf.py tokenizer "$(LLAMA3_TOKENIZER)" $(EXPORT_DIR)
+
+deps:
+	mkdir -p .deps && cp -r /usr/include/nlohmann .deps/
+	cp /usr/share/doc/nlohmann-json3-dev/copyright .deps/nlohmann/LICENSE
 
 clean:
 	rm -f $(CPU_TARGETS) $(CUDA_TARGETS) .precision_* .use_mpi_*

@@ -27,6 +27,7 @@
 #include "llmc/nonfinite.h"
 #include "llmc/run_dir.h"
 #include "llmc/state_file.h"
+#include "llmc/hf_model.h"
 #include "llmc/cuda_common.h"
 #include "llmc/dataloader.h"
 #include "llmc/tokenizer.h"
@@ -189,7 +190,7 @@ struct Llama3 {
     }
 
     void load(const char* path) {
-        std::vector<float> host = load_checkpoint_fp32(path, &config);
+        std::vector<float> host = load_model_fp32(path, &config);  // our .bin or a Hugging Face directory
         allocate_params();
         upload_fp32(host);
     }
@@ -213,11 +214,18 @@ struct Llama3 {
     // Writes the model in our checkpoint format, in the build's precision: the parameters exactly as they are
     // (in bf16 builds the exact master weights go to the training state).
     void save(const char* path) const {
+        save_checkpoint_fp32(path, config, params_fp32().data(), sizeof(floatX) == 4 ? DTYPE_FP32 : DTYPE_BF16);
+    }
+
+    // The same parameters as a Hugging Face directory (llmc/hf_model.h).
+    void save_hf(const char* dir) const {
+        save_hf_model(dir, config, params_fp32().data(), sizeof(floatX) == 4 ? DTYPE_FP32 : DTYPE_BF16);
+    }
+
+    std::vector<float> params_fp32() const {
         std::vector<floatX> raw(num_params);
         cudaCheck(cudaMemcpy(raw.data(), params.ptr, params.bytes(), cudaMemcpyDeviceToHost));
-        std::vector<float> host(num_params);
-        for (size_t i = 0; i < num_params; i++) host[i] = (float)raw[i];
-        save_checkpoint_fp32(path, config, host.data(), sizeof(floatX) == 4 ? DTYPE_FP32 : DTYPE_BF16);
+        return std::vector<float>(raw.begin(), raw.end());
     }
 
     // Activations for batches of up to B x T; the classifier works on chunks of rows so the (rows, V) logits never
@@ -736,6 +744,7 @@ struct Options {
     const char* config_name = "";
     int depth = 0;
     const char* out_dir = "";
+    const char* export_dir = "";
     const char* tokenizer_path = "";
     const char* prompt_path = "";
     int B = 4, T = 1024;
@@ -759,7 +768,7 @@ struct Options {
 static void usage(const Options& d) {
     printf("Usage: ./train_llama3cu [options]   (this build: %s)\n", PRECISION_NAME);
     printf("Model (one of -e or -c):\n");
-    printf("  -e <path>   start from this checkpoint\n");
+    printf("  -e <path>   start from this checkpoint (.bin) or Hugging Face model directory\n");
     printf("  -c <name>   from scratch: llama3.1-8B, llama3.2-1B, llama3.2-3B or dN (e.g. d12)\n");
     printf("  -d <int>    keep only the first N layers of -c (default %d: all)\n", d.depth);
     printf("  -S <int>    seed for init, shuffling and sampling (default %llu)\n", (unsigned long long)d.seed);
@@ -795,6 +804,8 @@ static void usage(const Options& d) {
            "              resumed nor deleted (default %d)\n", d.force);
     printf("  -N <int>    stop after N steps in a row with a non-finite loss or grad norm; such steps are skipped\n"
            "              (no update) (default %d)\n", d.max_bad_steps);
+    printf("  -X <dir>    at the end, write the model as a Hugging Face directory (config.json, safetensors in the\n"
+           "              build's precision); add the tokenizer with scripts/convert_hf.py tokenizer (default none)\n");
     printf("Memory and speed:\n");
     printf("  -R <0|1|2>  activation recomputation: 0 none, 1 norms and swiglu, 2 also the w13 matmul (default %d)\n",
            d.recompute);
@@ -891,6 +902,7 @@ static Options parse_options(int argc, char** argv) {
             case 'L': o.sample_length = (int)parse_int(flag, val, 1, 1 << 20); break;
             case 'A': o.prompt_path = val; break;
             case 'o': o.out_dir = val; break;
+            case 'X': o.export_dir = val; break;
             case 'n': o.checkpoint_every = (int)parse_int(flag, val, 0, 1 << 30); break;
             case 'r': o.keep_checkpoints = (int)parse_int(flag, val, 1, 1 << 20); break;
             case 'y': o.resume = (int)parse_int(flag, val, 0, 1); break;
@@ -974,7 +986,12 @@ static void exit_if_error(const std::string& err) {
     fail_exit();
 }
 
+// The config of a starting model: our checkpoint's header, or a Hugging Face directory's config.json.
 static Llama3Config checkpoint_config(const char* path) {
+    if (is_directory(path)) {
+        std::string json = std::string(path) + "/config.json";
+        return hf_config_from_json(read_json_file(json), json);
+    }
     FILE* fp = fopenCheck(path, "rb");
     Llama3Config c;
     int dtype;
@@ -1157,7 +1174,7 @@ int main(int argc, char** argv) {
     std::vector<float> initial_params;
     if (opt.resume || opt.model_path[0] != '\0') {
         std::string path = opt.resume ? step_path(out_dir, "model", start_step) : std::string(opt.model_path);
-        initial_params = load_checkpoint_fp32(path.c_str(), &config);
+        initial_params = load_model_fp32(path.c_str(), &config);  // our .bin or a Hugging Face directory
     }
 
     // --- the GPU
@@ -1358,6 +1375,10 @@ int main(int argc, char** argv) {
                peak > 0 ? flops_per_step / (median_ms / 1000.0) / (peak_all * 1e12) * 100.0 : 0.0,
                peak_used / 1073741824.0);
         model.profiler.report(median_ms);
+    }
+    if (opt.export_dir[0] != '\0' && mg.rank == 0) {
+        model.save_hf(opt.export_dir);
+        printf("exported %s (Hugging Face format)\n", opt.export_dir);
     }
     log.close();
     flush_stdout_check();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../../llmc/checkpoint.h"
+#include "../../llmc/hf_model.h"
 
 namespace cpu {
 
@@ -247,7 +248,7 @@ struct Model {
     std::vector<int> inputs, targets;
 
     explicit Model(const char* checkpoint_path) {
-        params = load_checkpoint_fp32(checkpoint_path, &config);
+        params = load_model_fp32(checkpoint_path, &config);  // our .bin or a HF directory
         grads.assign(params.size(), 0.0f);
         m.assign(params.size(), 0.0f);
         v.assign(params.size(), 0.0f);
