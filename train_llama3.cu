@@ -990,6 +990,12 @@ static void exit_if_error(const std::string& err) {
 static Llama3Config checkpoint_config(const char* path) {
     if (is_directory(path)) {
         std::string json = std::string(path) + "/config.json";
+        if (!is_regular_file(json)) {
+            fprintf(stderr, "Error: model '%s' is a directory but not a Hugging Face model directory (no "
+                            "config.json); give our checkpoint file or a directory with config.json and safetensors\n",
+                    path);
+            fail_exit();
+        }
         return hf_config_from_json(read_json_file(json), json);
     }
     FILE* fp = fopenCheck(path, "rb");

@@ -436,7 +436,7 @@ BAD_FLAGS = {
     "flag without value": (["-x"], ["-x", "needs a value"]),
     "not a number": (["-l", "fast"], ["-l", "not a number"]),
     "no model": (["-e", ""], ["-e", "-c"]),
-    "model is a directory": (["-e", "/"], ["'/'", "is a directory"]),
+    "model is a directory": (["-e", "/"], ["'/'", "is a directory", "config.json"]),
     "model missing": (["-e", "/nonexistent/model.bin"], ["/nonexistent/model.bin"]),
     "no shards": (["-i", "/nonexistent/*.bin"], ["/nonexistent/*.bin"]),
     "shard pattern is a directory": (["-i", "/"], ["'/'", "not a regular file"]),
