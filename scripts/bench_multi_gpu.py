@@ -5,7 +5,9 @@ same model and per-GPU batch.
 
   python scripts/bench_multi_gpu.py --gpus 2 [--config llama3.2-1B] [--steps 15] [--train "data/*_train.bin"]
 
-Prints tok/s (median step after warm-up) and per-GPU memory for every run, the scaling from 1 to N GPUs for us and for
+Prints tok/s and per-GPU memory for every run: tok/s is tokens over the mean step time after 3 warm-up steps (the
+throughput of the run; the median step is printed too, but multi-GPU step times can be bimodal, so a median jumps
+between the modes), the scaling from 1 to N GPUs for us and for
 DDP, our ratio to PyTorch on 1 GPU and to DDP on N, our per-GPU memory for ZeRO stages 0, 1 and 2, and how much of
 the gradient reduction the backward hides: with the reduction overlapped (-Q 1) and waited for layer by layer
 (-Q 0), the extra time over our 1-GPU step is the exposed reduction time, so
@@ -94,7 +96,8 @@ def worker(args):
         dist.destroy_process_group()
 
 
-def run(cmd, log_path):
+def run(cmd, log_path, tokens_per_step):
+    """(mean step ms, tok/s from the mean, median step ms, peak GiB per GPU) of a run, steps after 3 warm-up."""
     print("$ " + " ".join(cmd), flush=True)
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV)
     with open(log_path, "w") as f:
@@ -103,9 +106,11 @@ def run(cmd, log_path):
         print(result.stdout[-3000:] + result.stderr[-3000:])
         raise SystemExit(f"error: command failed ({result.returncode}), log in {log_path}")
     m = re.search(r"summary: median step (\S+) ms.*?\| (\d+) tok/s .*?peak mem (\S+) GiB", result.stdout)
-    if not m:
-        raise SystemExit(f"error: no summary line, log in {log_path}")
-    return float(m.group(1)), float(m.group(2)), float(m.group(3))
+    steps = [float(x) for x in re.findall(r"^step +\d+/\d+ \|.*?\| ([\d.]+) ms", result.stdout, re.M)]
+    if not m or len(steps) < 5:
+        raise SystemExit(f"error: no summary line or too few step lines, log in {log_path}")
+    mean = sum(steps[3:]) / len(steps[3:])
+    return mean, tokens_per_step / (mean / 1000.0), float(m.group(1)), float(m.group(3))
 
 
 def main():
@@ -118,6 +123,8 @@ def main():
     parser.add_argument("--train", default="", help="token shard glob (random tokens when empty)")
     parser.add_argument("--binary", default=os.path.join(ROOT, "train_llama3cu"))
     parser.add_argument("--torch", default="single,ddp,fsdp", help="which PyTorch runs: single, ddp, fsdp")
+    parser.add_argument("--ours", default="1,Z1,Z0,Z2,Q0",
+                        help="which of our runs: 1 (one GPU), Z0/Z1/Z2 (N GPUs, that ZeRO stage), Q0 (Z1 with -Q 0)")
     parser.add_argument("--out", default=os.environ.get("OUT", "out"))
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -136,22 +143,25 @@ def main():
                                  "-T", str(T), "--steps", str(args.steps), "--train", args.train]
     log = lambda name: os.path.join(args.out, f"multi_{name}.log")
     r = {}
-    r["ours 1 GPU"] = run(ours(1), log("ours_1"))
+    ours_runs, torch_modes = args.ours.split(","), args.torch.split(",")
+    tokens = lambda n: B * T * n
+    r["ours 1 GPU"] = run(ours(1), log("ours_1"), tokens(1))
     for stage in ("1", "0", "2"):
-        r[f"ours {N} GPUs Z{stage}"] = run(ours(N, "-Z", stage), log(f"ours_{N}_z{stage}"))
-    r[f"ours {N} GPUs Z1 -Q 0"] = run(ours(N, "-Z", "1", "-Q", "0"), log(f"ours_{N}_z1_q0"))
-    torch_modes = args.torch.split(",")
+        if f"Z{stage}" in ours_runs or stage == "1":
+            r[f"ours {N} GPUs Z{stage}"] = run(ours(N, "-Z", stage), log(f"ours_{N}_z{stage}"), tokens(N))
+    if "Q0" in ours_runs:
+        r[f"ours {N} GPUs Z1 -Q 0"] = run(ours(N, "-Z", "1", "-Q", "0"), log(f"ours_{N}_z1_q0"), tokens(N))
     if "single" in torch_modes:
-        r["torch 1 GPU"] = run(torch_run(1, "ddp"), log("torch_1"))
+        r["torch 1 GPU"] = run(torch_run(1, "ddp"), log("torch_1"), tokens(1))
     if "ddp" in torch_modes:
-        r[f"torch DDP {N} GPUs"] = run(torch_run(N, "ddp"), log(f"torch_ddp_{N}"))
+        r[f"torch DDP {N} GPUs"] = run(torch_run(N, "ddp"), log(f"torch_ddp_{N}"), tokens(N))
     if "fsdp" in torch_modes:
-        r[f"torch FSDP2 {N} GPUs"] = run(torch_run(N, "fsdp"), log(f"torch_fsdp_{N}"))
+        r[f"torch FSDP2 {N} GPUs"] = run(torch_run(N, "fsdp"), log(f"torch_fsdp_{N}"), tokens(N))
 
-    print(f"\n{args.config}, B={B} T={T} per GPU, {args.steps} steps (median after 3)")
-    print(f"{'run':<24} {'step ms':>9} {'tok/s':>9} {'GiB/GPU':>8}")
-    for name, (ms, tok, mem) in r.items():
-        print(f"{name:<24} {ms:>9.1f} {tok:>9.0f} {mem:>8.2f}")
+    print(f"\n{args.config}, B={B} T={T} per GPU, {args.steps} steps (mean and median after 3)")
+    print(f"{'run':<24} {'mean ms':>9} {'tok/s':>9} {'median ms':>10} {'GiB/GPU':>8}")
+    for name, (ms, tok, median, mem) in r.items():
+        print(f"{name:<24} {ms:>9.1f} {tok:>9.0f} {median:>10.1f} {mem:>8.2f}")
     one, many = r["ours 1 GPU"], r[f"ours {N} GPUs Z1"]
     print(f"\nour scaling 1 -> {N} GPUs: {many[1] / (N * one[1]):.3f}")
     if "torch 1 GPU" in r:
@@ -163,8 +173,9 @@ def main():
             print(f"PyTorch DDP scaling 1 -> {N} GPUs: {ddp[1] / (N * r['torch 1 GPU'][1]):.3f}")
     if f"torch FSDP2 {N} GPUs" in r:
         print(f"ours / PyTorch FSDP2 on {N} GPUs: {many[1] / r[f'torch FSDP2 {N} GPUs'][1]:.3f}")
+    print(f"(from medians: our scaling {one[2] / many[2]:.3f})")
     exposed = many[0] - one[0]
-    serial = r[f"ours {N} GPUs Z1 -Q 0"][0] - one[0]
+    serial = r[f"ours {N} GPUs Z1 -Q 0"][0] - one[0] if f"ours {N} GPUs Z1 -Q 0" in r else 0
     if serial > 0:
         print(f"gradient reduction: {serial:.1f} ms per step not overlapped, {exposed:.1f} ms exposed when overlapped: "
               f"{100 * (1 - exposed / serial):.0f}% hidden")
