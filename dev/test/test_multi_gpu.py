@@ -58,6 +58,8 @@ def build(tmp_path_factory):
     for name in ("Makefile", "train_llama3.cu", "test_llama3.cu"):
         shutil.copy(os.path.join(ROOT, name), src / name)
     shutil.copytree(os.path.join(ROOT, "llmc"), src / "llmc")
+    if os.path.isdir(os.path.join(ROOT, ".deps")):  # nlohmann/json where apt is out of reach (make deps)
+        shutil.copytree(os.path.join(ROOT, ".deps"), src / ".deps")
     bins = {}
     for precision in ("FP32", "BF16"):
         result = subprocess.run(["make", "train_llama3cu", f"PRECISION={precision}", "USE_MPI=1"], cwd=src,
