@@ -179,7 +179,7 @@ BAD_FLAGS = {
     "batch not dividing": (["-g", "100"], "multiple"),
     "negative batch": (["-b", "-1"], "-b"),
     "unknown schedule": (["-k", "zigzag"], "-k"),
-    "unknown flag": (["-A", "1"], "-A"),
+    "unknown flag": (["-K", "1"], "-K"),
     "not a number": (["-l", "fast"], "-l"),
     "bad optimizer state type": (["-O", "fp8"], "-O"),
     "model disagrees with config": (["-c", "d12"], "disagrees"),
