@@ -51,7 +51,8 @@ def worker(args):
     model = model.to(device)
     B, T = args.batch_size, args.seq_len
     if args.train:
-        tokens = torch.from_numpy(load_tokens(args.train))
+        loaded = load_tokens(args.train)  # (tokens, loss mask) where the reference reads masked shards
+        tokens = torch.from_numpy(loaded[0] if isinstance(loaded, tuple) else loaded)
     else:
         gen = torch.Generator().manual_seed(1)
         tokens = torch.randint(0, config.vocab_size, (B * T * world * 4 + 1,), generator=gen)

@@ -306,8 +306,8 @@ def test_forced_run_leaves_the_other_run_alone(build, data, tmp_path):
     assert forced.returncode == 0, forced.stderr
     second_id = run_id(out)
     assert second_id != first_id
-    assert sorted(os.listdir(out)) == ["log.txt", "model_00000012.bin", "run.txt", "state_00000012.bin",
-                                       *sorted(first_files)]
+    assert sorted(os.listdir(out)) == sorted(["log.txt", "model_00000012.bin", "run.txt", "state_00000012.bin",
+                                              *first_files])
     assert all((out / name).read_bytes() == content for name, content in first_files.items())  # untouched
     # resuming continues the owner's step 12, not the other run's newer step 20
     resumed = run(train_cmd(binary, data, out, "-y", 1, "-x", 15, model=None))

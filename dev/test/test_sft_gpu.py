@@ -60,7 +60,8 @@ def build(tmp_path_factory):
 MASKED_CASES = {
     "test-gqa": ["--config", "test-gqa", "-B", "3", "-T", "13", "--lr", "3e-3"],
     "test-tied": ["--config", "test-tied", "-B", "3", "-T", "19", "--lr", "3e-3", "--grad_clip", "0.5"],
-    "llama3.2-1B-d2": ["--config", "llama3.2-1B", "--depth", "2", "-B", "2", "-T", "64", "--lr", "1e-4"],
+    # 2e-5: at 1e-4 the masked batch is memorised within 3 steps, and fp32 norms near 1e-3 differ by 1e-4 relative
+    "llama3.2-1B-d2": ["--config", "llama3.2-1B", "--depth", "2", "-B", "2", "-T", "64", "--lr", "2e-5"],
 }
 
 
@@ -158,7 +159,7 @@ def test_fully_masked_step_takes_no_update(build, masked_run, tmp_path):
     result = run([build["BF16"]["train"], "-e", masked_run / "model.bin", "-i", tmp_path / "none.bin", "-j",
                   masked_run / "m_val.bin", "-b", "2", "-t", "32", "-x", "3", "-v", "3", "-m", "-1"])
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("every target of this step's batches is masked: no update") == 3
+    assert result.stdout.count("every target of this step's batches is masked: no loss, no update") == 3
     vals = re.findall(r"step (\d+) \| val loss (\S+)", result.stdout)
     assert [v[0] for v in vals] == ["0", "3"] and vals[0][1] == vals[1][1]  # nothing changed
 
