@@ -14,27 +14,19 @@ import importlib.util
 import glob
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import warnings
 
 import numpy as np
 import pytest
+from gpu_common import build_binaries, requires_gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "dev", "fixtures")
 
 
-def have_gpu():
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-        return out.returncode == 0 and "GPU" in out.stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-pytestmark = pytest.mark.skipif(not have_gpu(), reason="no GPU on this machine")
+pytestmark = requires_gpu
 needs_transformers = pytest.mark.skipif(
     not all(importlib.util.find_spec(m) for m in ("torch", "transformers")), reason="needs torch and transformers")
 
@@ -45,14 +37,7 @@ def run(cmd, timeout=900):
 
 @pytest.fixture(scope="module")
 def fp32_build(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bin_hf")
-    result = run(["make", "-B", "train_llama3cu", "test_llama3cu", "PRECISION=FP32"])
-    assert result.returncode == 0, result.stdout + result.stderr
-    bins = {}
-    for name in ("train", "test"):
-        bins[name] = out / f"{name}_llama3cu_FP32"
-        shutil.copy(os.path.join(ROOT, f"{name}_llama3cu"), bins[name])
-    return bins
+    return build_binaries(str(tmp_path_factory.mktemp("bin_hf")), precisions=("FP32",))["FP32"]
 
 
 def assert_ties_out(result):

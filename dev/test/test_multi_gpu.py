@@ -21,16 +21,9 @@ import time
 
 import numpy as np
 import pytest
+from gpu_common import build_binaries, gpu_count
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def gpu_count():
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-        return out.stdout.count("GPU ") if out.returncode == 0 else 0
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
 
 
 NOT_RUN = None
@@ -54,20 +47,8 @@ def mpirun(n, cmd):
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
     """The trainer with MPI and NCCL in both precisions, built in a copy of the sources (the repo's binaries stay)."""
-    src = tmp_path_factory.mktemp("src")
-    for name in ("Makefile", "train_llama3.cu", "test_llama3.cu"):
-        shutil.copy(os.path.join(ROOT, name), src / name)
-    shutil.copytree(os.path.join(ROOT, "llmc"), src / "llmc")
-    if os.path.isdir(os.path.join(ROOT, ".deps")):  # nlohmann/json where apt is out of reach (make deps)
-        shutil.copytree(os.path.join(ROOT, ".deps"), src / ".deps")
-    bins = {}
-    for precision in ("FP32", "BF16"):
-        result = subprocess.run(["make", "train_llama3cu", f"PRECISION={precision}", "USE_MPI=1"], cwd=src,
-                                capture_output=True, text=True)
-        assert result.returncode == 0, result.stdout + result.stderr
-        bins[precision] = str(src / f"train_llama3cu_{precision}")
-        shutil.move(str(src / "train_llama3cu"), bins[precision])
-    return bins
+    bins = build_binaries(str(tmp_path_factory.mktemp("bin")), targets=("train",), make_flags=("USE_MPI=1",))
+    return {precision: b["train"] for precision, b in bins.items()}
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ The model is dev/fixtures/gqa_model.bin (V=259), so no PyTorch is needed.
 
 import os
 import re
-import shutil
 import signal
 import struct
 import subprocess
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gpu_common import build_binaries, requires_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "dev" / "data"))
@@ -39,15 +39,7 @@ GQA = ROOT / "dev" / "fixtures" / "gqa_model.bin"
 STEPS, EVERY = 12, 3
 
 
-def have_gpu():
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-        return out.returncode == 0 and "GPU" in out.stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-pytestmark = pytest.mark.skipif(not have_gpu(), reason="no GPU on this machine")
+pytestmark = requires_gpu
 
 
 def run(cmd, env=None, timeout=600):
@@ -60,15 +52,8 @@ def run(cmd, env=None, timeout=600):
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bin")
-    bins = {}
-    for precision in ("FP32", "BF16"):
-        result = subprocess.run(["make", "-B", "train_llama3cu", f"PRECISION={precision}"], capture_output=True,
-                                text=True, cwd=ROOT)
-        assert result.returncode == 0, result.stdout + result.stderr
-        bins[precision] = out / f"train_llama3cu_{precision}"
-        shutil.copy(ROOT / "train_llama3cu", bins[precision])
-    return bins
+    bins = build_binaries(str(tmp_path_factory.mktemp("bin")), targets=("train",))
+    return {precision: Path(b["train"]) for precision, b in bins.items()}
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,12 @@ Skipped when no GPU is present (CI has none); `make test` runs them on a GPU mac
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from gpu_common import build_binaries, requires_gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "dev", "data"))
@@ -26,15 +26,7 @@ sys.path.insert(0, os.path.join(ROOT, "dev", "data"))
 import shards  # noqa: E402
 
 
-def have_gpu():
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-        return out.returncode == 0 and "GPU" in out.stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-pytestmark = pytest.mark.skipif(not have_gpu(), reason="no GPU on this machine")
+pytestmark = requires_gpu
 
 
 def run(cmd, timeout=900, **kw):
@@ -44,17 +36,7 @@ def run(cmd, timeout=900, **kw):
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
     """{'FP32': {'train': path, 'test': path}, 'BF16': {...}}."""
-    out = tmp_path_factory.mktemp("bin")
-    bins = {}
-    for precision in ("FP32", "BF16"):
-        result = run(["make", "-B", "train_llama3cu", "test_llama3cu", f"PRECISION={precision}"])
-        assert result.returncode == 0, result.stdout + result.stderr
-        bins[precision] = {}
-        for name in ("train", "test"):
-            dst = out / f"{name}_llama3cu_{precision}"
-            shutil.copy(os.path.join(ROOT, f"{name}_llama3cu"), dst)
-            bins[precision][name] = str(dst)
-    return bins
+    return build_binaries(str(tmp_path_factory.mktemp("bin")))
 
 
 MASKED_CASES = {
