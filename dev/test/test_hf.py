@@ -651,8 +651,8 @@ def test_full_vocab_export_generates_with_chat_template(tmp_path):
     """A random model with the Llama 3 vocab, exported with the tokenizer: transformers loads model and tokenizer
     without warnings, renders the chat template and generates."""
     import torch
-    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers_quiet import loads_without_warnings
 
     c = dict(vocab_size=128256, dim=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=256,
              tied_embeddings=1, use_rope_scaling=1, rope_original_max_seq_len=64, norm_eps=1e-5, rope_theta=500000.0,
@@ -668,19 +668,9 @@ def test_full_vocab_export_generates_with_chat_template(tmp_path):
     convert_hf.write_checkpoint(str(model_bin), c, "fp32", tensors, "test")
     result = convert("export", model_bin, out, "--dtype", "bf16", "--tokenizer", tokenizer_model())
     assert result.returncode == 0, result.stderr
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    transformers.logging.get_logger().addHandler(handler)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            model = AutoModelForCausalLM.from_pretrained(out)
-            tok = AutoTokenizer.from_pretrained(out)
-    finally:
-        transformers.logging.get_logger().removeHandler(handler)
-    problems = [r.getMessage() for r in records if r.levelno >= logging.WARNING] + [str(w.message) for w in caught]
-    assert not problems, problems
+    with loads_without_warnings():
+        model = AutoModelForCausalLM.from_pretrained(out)
+        tok = AutoTokenizer.from_pretrained(out)
     assert model.dtype == torch.bfloat16 and model.config.eos_token_id == [128001, 128008, 128009]
     ids = tok.apply_chat_template([{"role": "user", "content": "Hello!"}], add_generation_prompt=True,
                                   return_tensors="pt", return_dict=True)["input_ids"]

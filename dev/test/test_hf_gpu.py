@@ -12,11 +12,9 @@ Skipped when no GPU is present (CI has none); the ones that build a model with t
 
 import importlib.util
 import glob
-import logging
 import os
 import subprocess
 import sys
-import warnings
 
 import numpy as np
 import pytest
@@ -99,20 +97,10 @@ def test_train_from_hf_dir_and_export(fp32_build, tmp_path):
     if not all(importlib.util.find_spec(m) for m in ("torch", "transformers")):
         pytest.skip("transformers check needs torch and transformers")
     import torch
-    import transformers
     from transformers import AutoModelForCausalLM
+    from transformers_quiet import loads_without_warnings
 
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    transformers.logging.get_logger().addHandler(handler)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
-    finally:
-        transformers.logging.get_logger().removeHandler(handler)
-    problems = [r.getMessage() for r in records if r.levelno >= logging.WARNING] + [str(w.message) for w in caught]
-    assert not problems, problems
+    with loads_without_warnings():
+        model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
     generated = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=8, do_sample=False, pad_token_id=0)
     assert generated.shape == (1, 11) and int(generated.max()) < 131
