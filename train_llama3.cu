@@ -107,7 +107,6 @@ struct Llama3 {
     // The shard layout for this run's ranks; stops with a message when the model does not split evenly.
     void setup_ranks() {
         const MultiGpu& mg = g_multi_gpu;
-        if (mg.world == 1) zero_stage = 0;
         std::string why;
         if (!make_shard_layout(config, mg.world, mg.rank, &shards, &why)) {
             if (zero_stage >= 1) {
@@ -132,10 +131,10 @@ struct Llama3 {
         opt_count = sharded() ? shards.shard_size : num_params;
         params = DeviceBuffer<floatX>(num_params);
         if (zero_stage == 2) {
-            const Llama3Config& c = config;
+            ParamLayout layout = param_layout(config);
             layer_grad_size = 0;
             for (int i : shards.layer_slices[0]) layer_grad_size += shards.slices[i].size;
-            size_t head = (size_t)c.vocab_size * c.dim * (c.tied_embeddings ? 1 : 2) + c.dim;
+            size_t head = layout.sizes[0] + layout.sizes[7] + layout.sizes[8];  // embedding, final norm, lm_head
             grads = DeviceBuffer<floatX>(2 * layer_grad_size + head);
         } else {
             grads = DeviceBuffer<floatX>(num_params);
@@ -646,7 +645,8 @@ static int64_t state_file_bytes(size_t opt_count, bool has_master) {
            (int64_t)sizeof(DataLoaderState) + (int64_t)sizeof(uint64_t);
 }
 
-// The header of this run's state at `step`, for this rank (a sharded optimizer, stage 1 or 2, holds 1/ranks).
+// The header of this run's state at `step`, for this rank (a sharded optimizer, stage 1 or 2, holds 1/ranks);
+// zero_stage is the run's effective stage (0 on one GPU).
 static StateHeader state_header_for(const Llama3Config& c, int step, bool has_master, uint64_t run_id,
                                     int64_t tokens_per_step, int zero_stage) {
     StateHeader h;
@@ -654,7 +654,7 @@ static StateHeader state_header_for(const Llama3Config& c, int step, bool has_ma
     h.is_bf16 = sizeof(floatX) == 2;
     h.has_master = has_master;
     h.world_size = g_multi_gpu.world;
-    h.zero_stage = g_multi_gpu.world == 1 ? 0 : zero_stage;
+    h.zero_stage = zero_stage;
     h.rank = g_multi_gpu.rank;
     h.num_params = param_layout(c).total;
     h.opt_count = h.zero_stage >= 1 ? h.num_params / h.world_size : h.num_params;
@@ -1171,7 +1171,8 @@ int main(int argc, char** argv) {
     exit_if_error(plan_steps(opt.max_steps, train_loader.num_batches(), grad_accum, start_step, opt.warmup,
                              &max_steps));
     bool has_master = sizeof(floatX) == 2 && opt.master_weights != 0;
-    StateHeader resume_header = state_header_for(config, start_step, has_master, run.id, total_batch, opt.zero_stage);
+    const int zero_stage = mg.world > 1 ? opt.zero_stage : 0;  // one GPU has nothing to shard
+    StateHeader resume_header = state_header_for(config, start_step, has_master, run.id, total_batch, zero_stage);
     if (opt.resume) {
         check_state_file(state_path(out_dir, start_step, mg.rank), resume_header);
         printf("resuming run %016llx in %s from step %d\n", (unsigned long long)run.id, out_dir.c_str(), start_step);
@@ -1211,7 +1212,7 @@ int main(int argc, char** argv) {
     cudaCheck(cudaStreamCreate(&model.stream));
     model.use_master = opt.master_weights != 0;
     model.bf16_state = strcmp(opt.optimizer_state, "bf16") == 0;
-    model.zero_stage = opt.zero_stage;
+    model.zero_stage = zero_stage;
     model.overlap_reduction = opt.overlap_reduction != 0;
     model.recompute = opt.recompute;
     model.profiler.timing = opt.profile != 0;
