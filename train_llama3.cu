@@ -93,6 +93,11 @@ struct Llama3 {
     DeviceBuffer<double> reduce_scratch;
     cudaStream_t comm_stream = 0;
     cudaEvent_t grads_ready = nullptr, comm_done = nullptr, slot_free[2] = {nullptr, nullptr};
+    // Stages 1 and 2 gather the updated weights on comm_stream in the order the next forward needs them: the head
+    // tensors (group 0), then layer l (group l + 1). The forward waits for each group just before it uses it.
+    cudaEvent_t part_updated = nullptr;
+    std::vector<cudaEvent_t> params_gathered;
+    bool gather_pending = false;
     int recompute = 0;                 // activation recomputation level: 0 none, 1 norms + swiglu, 2 also w13
     DeviceBuffer<float> rope_table;    // (max_seq_len, hd/2, 2) {cos, sin}
     Activations acts;
@@ -121,6 +126,9 @@ struct Llama3 {
             cudaCheck(cudaEventCreateWithFlags(&grads_ready, cudaEventDisableTiming));
             cudaCheck(cudaEventCreateWithFlags(&comm_done, cudaEventDisableTiming));
             for (cudaEvent_t& e : slot_free) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+            cudaCheck(cudaEventCreateWithFlags(&part_updated, cudaEventDisableTiming));
+            params_gathered.resize(config.n_layers + 1);
+            for (cudaEvent_t& e : params_gathered) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         }
         reduce_scratch = DeviceBuffer<double>(1);
     }
@@ -222,6 +230,7 @@ struct Llama3 {
     }
 
     std::vector<float> params_fp32() const {
+        if (gather_pending) stream_sync(comm_stream);
         std::vector<floatX> raw(num_params);
         cudaCheck(cudaMemcpy(raw.data(), params.ptr, params.bytes(), cudaMemcpyDeviceToHost));
         return std::vector<float>(raw.begin(), raw.end());
@@ -290,6 +299,7 @@ struct Llama3 {
         if (targets) cudaCheck(cudaMemcpyAsync(a.targets.ptr, targets, N * sizeof(int), cudaMemcpyHostToDevice, stream));
 
         prof.begin("fwd embedding + norm");
+        wait_params_gathered(0);
         encoder_forward(a.residual.ptr, a.inputs.ptr, p.tok_embedding, N, C, stream);
         // later layers' input norms are fused with the residual add at the end of the previous layer
         rmsnorm_forward(layer_slice(a.ln1, 0, NC), a.rstd1.ptr, a.residual.ptr, p.attn_norm, N, C, c.norm_eps, stream);
@@ -303,6 +313,7 @@ struct Llama3 {
             floatX* ln2 = layer_slice(a.ln2, l, NC);
             floatX* h13 = layer_slice(a.h13, l, (size_t)N * 2 * F);
             floatX* hact = layer_slice(a.hact, l, (size_t)N * F);
+            wait_params_gathered(l + 1);
             prof.begin("fwd qkv matmul");
             matmul_forward(qkv, ln1, p.wqkv + (size_t)l * QKV * C, N, C, QKV, stream);
             prof.end();
@@ -336,6 +347,7 @@ struct Llama3 {
             }
             prof.end();
         }
+        gather_pending = false;  // every later use of the weights is queued after these waits
         if (targets == nullptr) return;
         ParamTensors<floatX> g = head_grads();
         ProfileScope scope(prof, "classifier (fwd + bwd)");
@@ -542,20 +554,37 @@ struct Llama3 {
 
     // Stages 1 and 2: this rank updates its part of every slice (the same arithmetic and random bits as the whole
     // update), then all ranks exchange their parts.
+    // The gathers run on comm_stream, one group at a time as soon as its parts are updated, and overlap the rest of
+    // the update and the next forward (with -Q 0 the main stream waits for each).
     void update_shard(float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step,
                       unsigned int seed) {
-        for (const ParamSlice& s : shards.slices) {
-            size_t at = shards.shard_offset(s), part = shards.part(s);
-            float wd = param_is_matrix(s.tensor) ? weight_decay : 0.0f;
-            auto update_part = [&](auto* moment1, auto* moment2) {
-                adamw_update(params.ptr + shards.owned_offset(s), master.ptr ? master.ptr + at : nullptr,
-                             grad_shard.ptr + at, moment1 + at, moment2 + at, part, lr, beta1, beta2, step, eps, wd,
-                             grad_scale, seed + (unsigned int)s.tensor, stream, s.tensor_offset + shards.rank * part);
-            };
-            if (bf16_state) update_part(m_bf16.ptr, v_bf16.ptr);
-            else update_part(m.ptr, v.ptr);
+        for (int group = 0; group <= config.n_layers; group++) {
+            const std::vector<int>& indices = group == 0 ? shards.head_slices : shards.layer_slices[group - 1];
+            for (int i : indices) {
+                const ParamSlice& s = shards.slices[i];
+                size_t at = shards.shard_offset(s), part = shards.part(s);
+                float wd = param_is_matrix(s.tensor) ? weight_decay : 0.0f;
+                auto update_part = [&](auto* moment1, auto* moment2) {
+                    adamw_update(params.ptr + shards.owned_offset(s), master.ptr ? master.ptr + at : nullptr,
+                                 grad_shard.ptr + at, moment1 + at, moment2 + at, part, lr, beta1, beta2, step, eps,
+                                 wd, grad_scale, seed + (unsigned int)s.tensor, stream,
+                                 s.tensor_offset + shards.rank * part);
+                };
+                if (bf16_state) update_part(m_bf16.ptr, v_bf16.ptr);
+                else update_part(m.ptr, v.ptr);
+            }
+            cudaCheck(cudaEventRecord(part_updated, stream));
+            cudaCheck(cudaStreamWaitEvent(comm_stream, part_updated));
+            all_gather_params(shards, indices, params.ptr, comm_stream);
+            cudaCheck(cudaEventRecord(params_gathered[group], comm_stream));
+            if (!overlap_reduction) cudaCheck(cudaStreamWaitEvent(stream, params_gathered[group]));
         }
-        all_gather_params(shards, params.ptr, stream);
+        gather_pending = overlap_reduction;
+    }
+
+    // Before the forward uses group g's weights (0: the head tensors, l + 1: layer l): wait for their gather.
+    void wait_params_gathered(int group) {
+        if (gather_pending) cudaCheck(cudaStreamWaitEvent(stream, params_gathered[group]));
     }
 
     // The master weights (which = 0), m (1) or v (2) as fp32 on the host, whatever their device precision, and back
@@ -817,7 +846,8 @@ static void usage(const Options& d) {
     printf("Several GPUs (mpirun -np N ./train_llama3cu ...: one process per GPU, -b is per GPU):\n");
     printf("  -Z <0|1|2>  ZeRO stage: 0 all-reduce, every GPU keeps the whole optimizer state; 1 each GPU keeps 1/N of\n"
            "              the master weights and AdamW state; 2 also 1/N of the gradients (default %d)\n", d.zero_stage);
-    printf("  -Q <0|1>    overlap the gradient reduction with the backward (default %d; 0 waits for each layer's)\n",
+    printf("  -Q <0|1>    overlap the gradient reduction with the backward and the weight gather with the update and\n"
+           "              the next forward (default %d; 0 waits for each collective, to measure)\n",
            d.overlap_reduction);
     printf("  -T <int>    seconds to wait for a collective before declaring a rank lost and stopping all (default %d)\n",
            d.collective_timeout);
@@ -1259,7 +1289,8 @@ int main(int argc, char** argv) {
     if (mg.world > 1) {
         printf("multi-GPU: ZeRO stage %d | optimizer state per GPU: %zu of %zu elements | gradient reduction %s\n",
                model.zero_stage, model.opt_count, model.num_params,
-               model.overlap_reduction ? "overlapped with the backward" : "not overlapped (-Q 0)");
+               model.overlap_reduction ? "overlapped with the backward (gather: with the forward)"
+                                        : "not overlapped (-Q 0)");
     }
     printf("flops/token %.3e (6 x matmul weights + 6 L H hd T causal attention)\n", model.flops_per_token(opt.T));
     printf("memory: recompute level %d, master weights %s, AdamW state %s; mem = device memory in use beyond the CUDA "

@@ -321,16 +321,19 @@ inline void reduce_gradient_slices(const ShardLayout& s, const std::vector<int>&
 #endif
 }
 
-// Stages 1 and 2, after the update: every rank's parts of the parameters to every rank (in place).
-inline void all_gather_params(const ShardLayout& s, floatX* params, cudaStream_t stream) {
+// Stages 1 and 2, after the update: every rank's parts of the slices `indices` of the parameters to every rank
+// (in place).
+inline void all_gather_params(const ShardLayout& s, const std::vector<int>& indices, floatX* params,
+                              cudaStream_t stream) {
 #if defined(USE_MPI)
     ncclCheck(ncclGroupStart());
-    for (const ParamSlice& slice : s.slices) {
+    for (int i : indices) {
+        const ParamSlice& slice = s.slices[i];
         ncclCheck(ncclAllGather(params + s.owned_offset(slice), params + slice.offset, s.part(slice), NCCL_FLOATX,
                                 g_multi_gpu.comm, stream));
     }
     ncclCheck(ncclGroupEnd());
 #else
-    (void)s; (void)params; (void)stream;
+    (void)s; (void)indices; (void)params; (void)stream;
 #endif
 }
