@@ -10,7 +10,7 @@
 // the reference uses the same rounded out for D, as the GPU does. fp64 accumulation throughout. Every version must
 // also be deterministic: a rerun into a freshly poisoned buffer is compared bit for bit.
 //
-// Versions (v1-v4 in llmc/attention.cuh, v5 in llmc/attention_hopper.cuh; TFLOP/s = 2.5 x 2 B H T^2 hd / time, H200,
+// Versions (v1 and v5 from llmc/, v2-v4 in this file; TFLOP/s = 2.5 x 2 B H T^2 hd / time, H200,
 // shapes of the timing table):
 //   v1: attention_backward_scalar: CUDA-core fp32 dq and dk/dv kernels (any precision, hd 1..128).
 //       Measured: 14-18 TFLOP/s on the three timing shapes.
@@ -61,8 +61,8 @@
 //       (the dK/dV gain came from replacing one lockstep CTA per SM), and the larger query tile wastes more work
 //       at the diagonal.
 //   v4 is kept as a fixed entry (attention_backward_tc: the mma.sync kernels as configured above).
-//   v5: attention_backward (what the trainer runs): on Hopper, attention_backward_hopper (llmc/attention_hopper.cuh,
-//       sm_90a, hd 64 and 128; elsewhere v4's path). The same deterministic two-kernel split with wgmma: 2 warpgroups
+//   v5: attention_backward (what the trainer runs): on Hopper, attention_backward_wgmma (llmc/attention_wgmma.cuh,
+//       sm_90a, hd 64 and 128; elsewhere v1). The same deterministic two-kernel split with wgmma: 2 warpgroups
 //       of 64 rows per CTA, 128-byte-swizzled smem tiles read by descriptors, P^T / dS^T (dS in the dQ kernel) fed
 //       to the next wgmma from registers. dK/dV: 128 keys per CTA, items of 64 queries through 4 cp.async stages, dK's
 //       wgmma left running into the next item. dQ: 128 queries per CTA, K / V tiles of 128 keys (hd 64) or 64 keys
