@@ -13,6 +13,7 @@ constexpr float ATTN_LN2 = 0.6931471805599453f;
 // The smallest row tile of any path: the grid's y dimension (ceil(T / tile), at most 65535) limits T.
 constexpr int ATTN_MIN_TILE_ROWS = 64;
 
+// Shape checks every path makes: a message naming the caller and exit on a bad shape.
 inline void attention_check_args(const char* who, int B, int T, int n_heads, int n_kv_heads, int head_dim) {
     if (B <= 0 || T <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) {
         fprintf(stderr, "%s: bad shape B=%d T=%d n_heads=%d n_kv_heads=%d (n_heads must be a multiple of n_kv_heads)\n",

@@ -13,7 +13,8 @@
 //                 over query tiles of 32 from the diagonal on; the group sum happens in registers.
 // D is computed first into delta_scratch (B, H, T) by attention_delta (attention_common.cuh).
 //
-// Inner loops are CUDA-core fp32 micro-GEMMs. A block is 256 threads seen as a 16 x 16 grid (ty, tx). For the block's 64 "fixed" rows (queries, or keys in dk/dv) and the 32 streamed rows,
+// Inner loops are CUDA-core fp32 micro-GEMMs. A block is 256 threads seen as a 16 x 16 grid (ty, tx). For the block's
+// 64 "fixed" rows (queries, or keys in dk/dv) and the 32 streamed rows,
 // thread (ty, tx) owns score entries [4 ty + i][2 tx + j] (i < 4, j < 2), and accumulator entries
 // [4 ty + i][4 tx + 64 c + e] (e < 4, c < HDP / 64) of a (64, HDP) output tile. Operands live in shared memory as fp32
 // in "k-major" layout (the reduction index outermost), so each k step reads one float4 of A and one float2 / float4 of
@@ -362,8 +363,8 @@ __global__ void __launch_bounds__(ATTN_THREADS)
 // Launchers
 
 template <int HDP>
-inline void attention_forward_scalar_hdp(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd,
-                                  cudaStream_t stream) {
+inline void attention_forward_scalar_hdp(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV,
+                                         int hd, cudaStream_t stream) {
     static bool smem_set = false;
     const size_t smem = attention_forward_scalar_smem_bytes<HDP>();
     attention_set_smem(attention_forward_scalar_kernel<HDP>, smem, smem_set);
@@ -391,8 +392,8 @@ inline void attention_backward_scalar_hdp(floatX* dqkv, const float* delta, cons
     attention_set_smem(attention_backward_dkdv_scalar_kernel<HDP>, dkdv_smem, dkdv_smem_set);
     const float scale = 1.0f / sqrtf((float)hd), scale_log2 = scale * ATTN_LOG2E;
     dim3 dq_grid(B * H, ceil_div(T, ATTN_FIXED));
-    attention_backward_dq_scalar_kernel<HDP><<<dq_grid, ATTN_THREADS, dq_smem, stream>>>(dqkv, dout, qkv, lse, delta, T, H,
-                                                                                   KV, hd, scale, scale_log2);
+    attention_backward_dq_scalar_kernel<HDP>
+        <<<dq_grid, ATTN_THREADS, dq_smem, stream>>>(dqkv, dout, qkv, lse, delta, T, H, KV, hd, scale, scale_log2);
     cudaCheckLaunch();
     dim3 dkdv_grid(B * KV, ceil_div(T, ATTN_FIXED));
     attention_backward_dkdv_scalar_kernel<HDP><<<dkdv_grid, ATTN_THREADS, dkdv_smem, stream>>>(
@@ -407,8 +408,10 @@ inline void attention_backward_scalar(floatX* dqkv, float* delta_scratch, const 
     attention_check_args("attention_backward", B, T, n_heads, n_kv_heads, head_dim);
     attention_delta(delta_scratch, dout, out, B, T, n_heads, head_dim, stream);
     if (head_dim <= 64) {
-        attention_backward_scalar_hdp<64>(dqkv, delta_scratch, dout, qkv, lse, B, T, n_heads, n_kv_heads, head_dim, stream);
+        attention_backward_scalar_hdp<64>(dqkv, delta_scratch, dout, qkv, lse, B, T, n_heads, n_kv_heads, head_dim,
+                                          stream);
     } else {
-        attention_backward_scalar_hdp<128>(dqkv, delta_scratch, dout, qkv, lse, B, T, n_heads, n_kv_heads, head_dim, stream);
+        attention_backward_scalar_hdp<128>(dqkv, delta_scratch, dout, qkv, lse, B, T, n_heads, n_kv_heads, head_dim,
+                                           stream);
     }
 }

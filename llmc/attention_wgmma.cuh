@@ -87,7 +87,8 @@ __host__ __device__ constexpr bool wgmma_dq_q_in_registers(int hd) { return hd =
 // cp.async loads of rows [r0, r0 + R) of one head into a swizzled tile at shared address dst; rows >= T zero-filled
 // (source clamped to row 0, nothing read). src: row 0, column 0 of the head; rows row_stride elements apart.
 template <int HD, int R>
-__device__ __forceinline__ void wgmma_load_tile(uint32_t dst, const __nv_bfloat16* src, size_t row_stride, int r0, int T) {
+__device__ __forceinline__ void wgmma_load_tile(uint32_t dst, const __nv_bfloat16* src, size_t row_stride, int r0,
+                                                int T) {
     constexpr int CHUNKS = HD / 8;
     static_assert((R * CHUNKS) % WGMMA_THREADS == 0, "tile must split evenly over the CTA");
 #pragma unroll
@@ -98,7 +99,6 @@ __device__ __forceinline__ void wgmma_load_tile(uint32_t dst, const __nv_bfloat1
                        valid ? 16 : 0);
     }
 }
-
 
 // lse and delta of queries q0 .. q0 + BQ - 1 of one (b, h) row (`row`: its offset in the (B, H, T) arrays) into
 // lse_s, D_s (BQ floats each; zeros past T), asynchronously, by the CTA's first 2 BQ threads (one float each).
@@ -490,7 +490,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         pin_registers(dv);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) wgmma_bf16_rs(dv, pa[kk], wgmma_desc_sw128(do_st + 2048 * kk, BQ * 128, 1024), 1);
+        for (int kk = 0; kk < BQ / 16; kk++)
+            wgmma_bf16_rs(dv, pa[kk], wgmma_desc_sw128(do_st + 2048 * kk, BQ * 128, 1024), 1);
         wgmma_commit_group();
 
         // dS^T (dP^T is done once only the dV group may be outstanding), then dK += dS^T Q.
@@ -503,7 +504,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         pin_registers(dk);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) wgmma_bf16_rs(dk, dsa[kk], wgmma_desc_sw128(q_st + 2048 * kk, BQ * 128, 1024), 1);
+        for (int kk = 0; kk < BQ / 16; kk++)
+            wgmma_bf16_rs(dk, dsa[kk], wgmma_desc_sw128(q_st + 2048 * kk, BQ * 128, 1024), 1);
         wgmma_commit_group();
         wgmma_wait_group<1>();  // dV done; dK runs on into the next item
         pin_registers(pa);
@@ -632,7 +634,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         pin_registers(dq);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) wgmma_bf16_rs(dq, dsa[kk], wgmma_desc_sw128(k_st + 2048 * kk, BN * 128, 1024), 1);
+        for (int kk = 0; kk < BN / 16; kk++)
+            wgmma_bf16_rs(dq, dsa[kk], wgmma_desc_sw128(k_st + 2048 * kk, BN * 128, 1024), 1);
         wgmma_commit_group();
         wgmma_wait_group<0>();
         pin_registers(dsa);

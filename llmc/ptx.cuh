@@ -65,7 +65,6 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-
 // 4-byte global -> shared copy (lse, D), asynchronous; src_bytes = 0 writes zero.
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
@@ -101,7 +100,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
-
 // ----------------------------------------------------------------------------------------------------------------
 // Named barriers
 
@@ -120,7 +118,9 @@ __device__ __forceinline__ void named_barrier_arrive(int id) {
 // wgmma (sm_90a)
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit_group() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit_group() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void wgmma_wait_group() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
@@ -156,7 +156,6 @@ template <int R>
 __device__ __forceinline__ uint32_t swizzle128_offset(int r, int ch) {
     return (uint32_t)((ch / 8) * R * 128 + r * 128 + 16 * ((ch % 8) ^ (r % 8)));
 }
-
 
 // wgmma wrappers. scale_d = 0: D = A B (the accumulator's old contents ignored); 1: D += A B.
 // wgmma_bf16_ss: A (K-major) and B (K-major) from descriptors. wgmma_bf16_rs: A from registers, B MN-major

@@ -276,9 +276,10 @@ __global__ void __launch_bounds__(MMA_THREADS, 2)
     const int n_q = ceil_div(T - k0, BQ), n_items = group * n_q;
     auto issue = [&](int item, int stage) {
         const int h = kvh * group + item / n_q, q0 = k0 + (item % n_q) * BQ;
-        mma_load_tile_n<HD, BQ, MMA_THREADS>(Qs + stage * BQ * LD, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
-        mma_load_tile_n<HD, BQ, MMA_THREADS>(dOs + stage * BQ * LD, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0,
-                              T);
+        mma_load_tile_n<HD, BQ, MMA_THREADS>(Qs + stage * BQ * LD, qkv + (size_t)b * T * stride + (size_t)h * HD,
+                                             stride, q0, T);
+        mma_load_tile_n<HD, BQ, MMA_THREADS>(dOs + stage * BQ * LD, dout + (size_t)b * T * o_stride + (size_t)h * HD,
+                                             o_stride, q0, T);
         const size_t row = ((size_t)b * H + h) * T;  // (b, h) row of lse and delta
         for (int i = threadIdx.x; i < BQ; i += MMA_THREADS) {  // plain loads: visible after the next __syncthreads
             const int q = q0 + i;
@@ -945,7 +946,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         pin_registers(dv);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) wgmma_bf16_rs(dv, pa[kk], wgmma_desc_sw128(do_st + 2048 * kk, BQ * 128, 1024), 1);
+        for (int kk = 0; kk < BQ / 16; kk++)
+            wgmma_bf16_rs(dv, pa[kk], wgmma_desc_sw128(do_st + 2048 * kk, BQ * 128, 1024), 1);
         wgmma_commit_group();
 
         // dS^T (dP^T is done once only the dV group may be outstanding), then dK += dS^T Q.
@@ -958,7 +960,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         pin_registers(dk);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) wgmma_bf16_rs(dk, dsa[kk], wgmma_desc_sw128(q_st + 2048 * kk, BQ * 128, 1024), 1);
+        for (int kk = 0; kk < BQ / 16; kk++)
+            wgmma_bf16_rs(dk, dsa[kk], wgmma_desc_sw128(q_st + 2048 * kk, BQ * 128, 1024), 1);
         wgmma_commit_group();
         wgmma_wait_group<1>();  // dV done; dK runs on into the next item
         pin_registers(pa);
@@ -1080,7 +1083,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         pin_registers(dq);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) wgmma_bf16_rs(dq, dsa[kk], wgmma_desc_sw128(k_st + 2048 * kk, BN * 128, 1024), 1);
+        for (int kk = 0; kk < BN / 16; kk++)
+            wgmma_bf16_rs(dq, dsa[kk], wgmma_desc_sw128(k_st + 2048 * kk, BN * 128, 1024), 1);
         wgmma_commit_group();
         wgmma_wait_group<0>();
         pin_registers(dsa);

@@ -18,8 +18,10 @@
 //         (2, 4096, 32, 8, 128): 253 TFLOP/s
 //         (1, 8192, 32, 8, 128): 260 TFLOP/s
 //   v3: the same kernel with 32 queries per warp (MT 2: two m16 tiles, 128 queries per CTA), so each K / V fragment
-//       loaded with ldmatrix feeds 4 mmas instead of 2; 64 keys per tile for hd 64 (Q in registers, 251 registers), 32 for hd 128 (Q re-read from
-//       smem; 255 registers, 24 bytes spilled). smem 54 / 68 KiB. At hd 64 this is llmc/attention_mma.cuh's kernel. Measured on an NVIDIA H200:
+//       loaded with ldmatrix feeds 4 mmas instead of 2; 64 keys per tile for hd 64 (Q in registers, 251 registers), 32
+//       for hd 128 (Q re-read from
+//       smem; 255 registers, 24 bytes spilled). smem 54 / 68 KiB. At hd 64 this is llmc/attention_mma.cuh's kernel.
+//       Measured on an NVIDIA H200:
 //         (4, 2048, 32, 8, 64):  250 TFLOP/s
 //         (2, 4096, 32, 8, 128): 278 TFLOP/s
 //         (1, 8192, 32, 8, 128): 288 TFLOP/s
@@ -27,7 +29,8 @@
 //       MT 2 / 64 keys (176 bytes spilled) 266, 275; hd 64 MT 1 / 128 keys 208; hd 128 MT 1 / 32 keys 226, 232.
 //   v4: attention_forward (what the trainer runs, llmc/attention.cuh): at hd 128 on Hopper the wgmma kernel of
 //       llmc/attention_wgmma.cuh (bf16 build, sm_90a); at hd 64 v3's kernel (llmc/attention_mma.cuh); v1 otherwise.
-//       wgmma: CTA = 128 queries = 2 consumer warpgroups of 64 rows sharing K / V tiles of 128 keys in 128-byte-swizzled smem (cp.async, 3
+//       wgmma: CTA = 128 queries = 2 consumer warpgroups of 64 rows sharing K / V tiles of 128 keys in
+//       128-byte-swizzled smem (cp.async, 3
 //       stages); S = Q K^T as wgmma m64n128k16 with Q and K from smem descriptors, P V as wgmma m64nHDk16 with P from
 //       registers; online softmax on the accumulator fragment; the two warpgroups take turns issuing (named barriers),
 //       so one's softmax overlaps the other's matmuls. Registers 243 (hd 128), 166 (hd 64), no spills; smem 225 KiB (hd
@@ -281,7 +284,8 @@ static void forward_tc_config(floatX* out, float* lse, const floatX* qkv, int B,
 template <int HD, bool PP>
 constexpr size_t forward_wgmma_smem_bytes() {
     constexpr int STAGES = PP ? 3 : 2;
-    return sizeof(__nv_bfloat16) * HD * (WGMMA_ROWS + 2 * STAGES * WGMMA_FWD_KEYS) + 1024;  // + 1024: room to align the base
+    return sizeof(__nv_bfloat16) * HD * (WGMMA_ROWS + 2 * STAGES * WGMMA_FWD_KEYS) +
+           1024;  // + 1024: room to align the base
 }
 
 // grid (B * H, ceil(T / 128)), block 256 (2 warpgroups). NH: parts per key tile (1, or 2 to overlap S of the second
@@ -358,7 +362,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
 #pragma unroll
                 for (int kk = 0; kk < HD / 16; kk++) {
                     const uint32_t off = 32 * (kk % 4);
-                    const uint64_t da = wgmma_desc_sw128(q_sm + (kk / 4) * (WGMMA_ROWS * 128) + 64 * wg * 128 + off, 16, 1024);
+                    const uint64_t da =
+                        wgmma_desc_sw128(q_sm + (kk / 4) * (WGMMA_ROWS * 128) + 64 * wg * 128 + off, 16, 1024);
                     const uint64_t db = wgmma_desc_sw128(k_st + (kk / 4) * (BN * 128) + KP * hh * 128 + off, 16, 1024);
                     wgmma_bf16_ss(s[hh], da, db, kk > 0);
                 }
@@ -455,7 +460,8 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         }
     }
 #else
-    // Not sm_90a code: the host never launches this (forward_wgmma_config checks attention_wgmma_usable); fail loudly if someone does.
+    // Not sm_90a code: the host never launches this (forward_wgmma_config checks attention_wgmma_usable); fail loudly
+    // if someone does.
     __trap();
 #endif
 }
