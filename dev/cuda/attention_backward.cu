@@ -10,7 +10,7 @@
 // the reference uses the same rounded out for D, as the GPU does. fp64 accumulation throughout. Every version must
 // also be deterministic: a rerun into a freshly poisoned buffer is compared bit for bit.
 //
-// Versions (v1-v4 in llmc/attention.cuh, v5 in llmc/attention_hopper.cuh; TFLOP/s = 2.5 x 2 B H T^2 hd / time, H200,
+// Versions (v1 and v5 from llmc/, v2-v4 in this file; TFLOP/s = 2.5 x 2 B H T^2 hd / time, H200,
 // shapes of the timing table):
 //   v1: attention_backward_scalar: CUDA-core fp32 dq and dk/dv kernels (any precision, hd 1..128).
 //       Measured: 14-18 TFLOP/s on the three timing shapes.
@@ -61,8 +61,8 @@
 //       (the dK/dV gain came from replacing one lockstep CTA per SM), and the larger query tile wastes more work
 //       at the diagonal.
 //   v4 is kept as a fixed entry (attention_backward_tc: the mma.sync kernels as configured above).
-//   v5: attention_backward (what the trainer runs): on Hopper, attention_backward_hopper (llmc/attention_hopper.cuh,
-//       sm_90a, hd 64 and 128; elsewhere v4's path). The same deterministic two-kernel split with wgmma: 2 warpgroups
+//   v5: attention_backward (what the trainer runs): on Hopper, attention_backward_wgmma (llmc/attention_wgmma.cuh,
+//       sm_90a, hd 64 and 128; elsewhere v1). The same deterministic two-kernel split with wgmma: 2 warpgroups
 //       of 64 rows per CTA, 128-byte-swizzled smem tiles read by descriptors, P^T / dS^T (dS in the dQ kernel) fed
 //       to the next wgmma from registers. dK/dV: 128 keys per CTA, items of 64 queries through 4 cp.async stages, dK's
 //       wgmma left running into the next item. dQ: 128 queries per CTA, K / V tiles of 128 keys (hd 64) or 64 keys
@@ -90,6 +90,7 @@
 #include "common.h"
 
 #include "../../llmc/attention.cuh"
+#include "../../llmc/ptx.cuh"
 #include "attention_reference.h"
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -161,26 +162,962 @@ static void split_qkv(const std::vector<float>& x, int B, int T, int H, int KV, 
     }
 }
 
+#if !defined(ENABLE_FP32)
 // ---------------------------------------------------------------------------------------------------------------
-// GPU versions
+// v2-v4: the mma.sync backward (FlashAttention-2 style; conventions in llmc/attention_mma.cuh and llmc/ptx.cuh).
+// D = rowsum(dO o O) by attention_delta, then a dK/dV kernel per key tile and kv head and a dQ kernel per query tile
+// and head, every output element with one writer (deterministic, no atomics):
+//   dK/dV: CTA = (64 MT keys, kv head, batch); warp w owns keys k0 + 16 MT w ..; the K, V tiles stay in smem. Loops
+//     over the group's query heads and, for each, over query tiles of BQ from the diagonal to T (2-stage cp.async
+//     pipeline of Q, dO, and plain loads of lse, D). Per tile and warp, transposed (rows = the warp's keys, columns =
+//     queries): S^T = K Q^T and dP^T = V dO^T; P^T = exp2(S^T scale log2 e - lse log2 e), set to 0 where
+//     key > query or query >= T; dS^T = P^T o (dP^T - D); dV += P^T dO and dK += dS^T Q, with P^T and dS^T reused
+//     from the accumulators as A fragments. dK is multiplied by scale once, at the store.
+//   dQ: CTA = (64 MT queries, head, batch); warp w owns 16 MT queries; Q, dO stay in smem; K, V tiles of BN keys up
+//     to the diagonal through the 2-stage pipeline; recomputes S, P, dP, dS per tile and accumulates dQ += dS K.
+//   dK/dV, 8 warps (v4 at hd 128): CTA = 128 keys; warp pairs share 32 keys, described above its kernel.
+// No pre-Hopper GPU was at hand to test these on, so llmc/ runs the scalar backward off Hopper.
 
-// Tensor-core tile configurations as version entries, per head dim: dQ <MT, BN>, dK/dV <MT, BQ>; other head dims
-// take the scalar path, as attention_backward does.
+// cp.async loads of rows [r0, r0 + ROWS) of one head into a (ROWS, HD + 8) smem tile by a CTA of NTHREADS threads
+// (llmc/attention_mma.cuh's mma_load_tile, for any CTA size).
+template <int HD, int ROWS, int NTHREADS>
+__device__ __forceinline__ void mma_load_tile_n(__nv_bfloat16* dst, const __nv_bfloat16* src, size_t row_stride, int r0,
+                                                int T) {
+    constexpr int CHUNKS = HD / 8, LD = HD + 8;
+    static_assert((ROWS * CHUNKS) % NTHREADS == 0, "tile must split evenly over the CTA");
+#pragma unroll
+    for (int i = 0; i < ROWS * CHUNKS / NTHREADS; i++) {
+        const int idx = i * NTHREADS + threadIdx.x;
+        const int r = idx / CHUNKS, c = idx % CHUNKS;
+        const bool valid = r0 + r < T;
+        const __nv_bfloat16* g = src + (size_t)(valid ? r0 + r : 0) * row_stride + 8 * c;
+        cp_async_16(smem_addr(dst + r * LD + 8 * c), g, valid ? 16 : 0);
+    }
+}
+
+// CTA rows (queries here; keys in dK/dV) for MT m16 tiles per warp.
+template <int MT>
+__host__ __device__ constexpr int mma_cta_rows() {
+    return 16 * MT * MMA_WARPS;
+}
+// The backward's two score-shaped products over the head dim, sharing one loop: s = A1 B1^T and dp = A2 B2^T.
+// A1, A2: the warp's MT 16-row blocks from row0; B1, B2: N rows; all HD wide, in shared memory with leading
+// dimension LD (32-bit shared addresses). The dK/dV kernel passes (K, V, Q, dO) to get S^T and dP^T, the dQ kernel
+// (Q, dO, K, V) to get S and dP. Each B fragment feeds MT mmas.
+template <int HD, int MT, int N, int LD>
+__device__ __forceinline__ void mma_two_products(float (&s)[MT][N / 8][4], float (&dp)[MT][N / 8][4], uint32_t a1,
+                                                 uint32_t a2, uint32_t b1, uint32_t b2, int row0, int lane) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < N / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
+        }
+    }
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        uint32_t fa1[MT][4], fa2[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            ldmatrix_x4(fa1[mt], a1 + ldmatrix_off_a<LD>(row0 + 16 * mt, 16 * kk, lane));
+            ldmatrix_x4(fa2[mt], a2 + ldmatrix_off_a<LD>(row0 + 16 * mt, 16 * kk, lane));
+        }
+#pragma unroll
+        for (int np = 0; np < N / 16; np++) {
+            uint32_t fb[4];
+            ldmatrix_x4(fb, b1 + ldmatrix_off_b<LD>(16 * np, 16 * kk, lane));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_m16n8k16_bf16(s[mt][2 * np], fa1[mt], fb[0], fb[1]);
+                mma_m16n8k16_bf16(s[mt][2 * np + 1], fa1[mt], fb[2], fb[3]);
+            }
+            ldmatrix_x4(fb, b2 + ldmatrix_off_b<LD>(16 * np, 16 * kk, lane));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_m16n8k16_bf16(dp[mt][2 * np], fa2[mt], fb[0], fb[1]);
+                mma_m16n8k16_bf16(dp[mt][2 * np + 1], fa2[mt], fb[2], fb[3]);
+            }
+        }
+    }
+}
+template <int HD, int MT, int BQ>
+constexpr size_t backward_dkdv_mma_smem_bytes() {
+    return sizeof(__nv_bfloat16) * (HD + 8) * (2 * mma_cta_rows<MT>() + 4 * BQ) + sizeof(float) * 4 * BQ;
+}
+
+// dk, dv for one (b, kv head, tile of 64 MT keys). grid (B * KV, ceil(T / (64 MT))), block 128.
+// MT: m16 key tiles per warp; BQ: queries per streamed Q/dO tile.
+template <int HD, int MT, int BQ>
+__global__ void __launch_bounds__(MMA_THREADS, 2)
+    backward_dkdv_mma_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                      const float* lse, const float* delta, int T, int H, int KV, float scale,
+                                      float scale_log2) {
+    constexpr int LD = HD + 8, ROWS = mma_cta_rows<MT>(), WR = 16 * MT;
+    static_assert(ROWS % BQ == 0, "query tiles must start at the key tile's first key");
+    extern __shared__ int4 mma_smem_dkdv[];
+    __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(mma_smem_dkdv);  // (ROWS, LD)
+    __nv_bfloat16* Vs = Ks + ROWS * LD;                                    // (ROWS, LD)
+    __nv_bfloat16* Qs = Vs + ROWS * LD;                                    // 2 stages x (BQ, LD)
+    __nv_bfloat16* dOs = Qs + 2 * BQ * LD;                                 // 2 stages x (BQ, LD)
+    float* lse2_s = reinterpret_cast<float*>(dOs + 2 * BQ * LD);           // 2 stages x BQ: lse log2(e)
+    float* D_s = lse2_s + 2 * BQ;                                          // 2 stages x BQ: delta
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+    const int b = blockIdx.x / KV, kvh = blockIdx.x % KV, group = H / KV;
+    const int k0 = blockIdx.y * ROWS;  // the first key tiles see the most queries: scheduled first
+    const int kw = k0 + WR * warp;     // the warp's first key
+    const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
+    const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
+    const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
+
+    // Work items: (query head g_i of the group, query tile from the diagonal), flattened so that one pipeline runs
+    // through all of them in a fixed order. k0 is a multiple of ROWS, hence of BQ: queries before k0 see no key here.
+    const int n_q = ceil_div(T - k0, BQ), n_items = group * n_q;
+    auto issue = [&](int item, int stage) {
+        const int h = kvh * group + item / n_q, q0 = k0 + (item % n_q) * BQ;
+        mma_load_tile_n<HD, BQ, MMA_THREADS>(Qs + stage * BQ * LD, qkv + (size_t)b * T * stride + (size_t)h * HD,
+                                             stride, q0, T);
+        mma_load_tile_n<HD, BQ, MMA_THREADS>(dOs + stage * BQ * LD, dout + (size_t)b * T * o_stride + (size_t)h * HD,
+                                             o_stride, q0, T);
+        const size_t row = ((size_t)b * H + h) * T;  // (b, h) row of lse and delta
+        for (int i = threadIdx.x; i < BQ; i += MMA_THREADS) {  // plain loads: visible after the next __syncthreads
+            const int q = q0 + i;
+            lse2_s[stage * BQ + i] = q < T ? lse[row + q] * ATTN_LOG2E : 0.0f;
+            D_s[stage * BQ + i] = q < T ? delta[row + q] : 0.0f;
+        }
+    };
+
+    mma_load_tile_n<HD, ROWS, MMA_THREADS>(Ks, k_src, stride, k0, T);
+    mma_load_tile_n<HD, ROWS, MMA_THREADS>(Vs, v_src, stride, k0, T);
+    issue(0, 0);
+    cp_async_commit();
+
+    float dk[MT][HD / 8][4], dv[MT][HD / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) dk[mt][nt][e] = dv[mt][nt][e] = 0.0f;
+        }
+    }
+    const uint32_t k_base = smem_addr(Ks), v_base = smem_addr(Vs);
+
+    for (int it = 0; it < n_items; it++) {
+        const int stage = it % 2;
+        if (it + 1 < n_items) {
+            issue(it + 1, 1 - stage);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        const int q0 = k0 + (it % n_q) * BQ;
+        if (kw <= q0 + BQ - 1) {  // warp-uniform: some query of the tile sees some key of the warp
+            const uint32_t q_base = smem_addr(Qs + stage * BQ * LD), do_base = smem_addr(dOs + stage * BQ * LD);
+            const float* lse2_t = lse2_s + stage * BQ;
+            const float* D_t = D_s + stage * BQ;
+            // S^T = K Q^T and dP^T = V dO^T: rows are the warp's WR keys, columns the BQ queries. Each Q / dO
+            // fragment feeds 2 MT mmas.
+            float s[MT][BQ / 8][4], dp[MT][BQ / 8][4];
+            mma_two_products<HD, MT, BQ, LD>(s, dp, k_base, v_base, q_base, do_base, WR * warp, lane);
+            // P^T, dS^T in place. Element (mt, nt, e): key kw + 16 mt + g + 8 (e / 2), query q0 + 8 nt + c + e % 2.
+            // Masking is needed where some query precedes some key of the warp, or the tile runs past T.
+            const bool need_mask = q0 < kw + WR - 1 || q0 + BQ > T;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+                for (int nt = 0; nt < BQ / 8; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int qi = 8 * nt + c + e % 2;
+                        float p = exp2f(fmaf(s[mt][nt][e], scale_log2, -lse2_t[qi]));
+                        if (need_mask) {
+                            const int q = q0 + qi, key = kw + 16 * mt + g + 8 * (e / 2);
+                            if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
+                        }
+                        s[mt][nt][e] = p;
+                        dp[mt][nt][e] = p * (dp[mt][nt][e] - D_t[qi]);
+                    }
+                }
+            }
+            // dV += P^T dO and dK += dS^T Q: A from the accumulators, the dO and Q tiles as B.
+            mma_acc_times_bt<HD, MT, BQ, LD>(dv, s, do_base, lane);
+            mma_acc_times_bt<HD, MT, BQ, LD>(dk, dp, q_base, lane);
+        }
+        __syncthreads();  // all warps done with this stage before the next prefetch overwrites it
+    }
+
+    // The warp's own K and V rows are dead now: they stage the bf16 results.
+    __nv_bfloat16* dqkv_b = dqkv + (size_t)b * T * stride;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int rw = WR * warp + 16 * mt;
+        mma_store_warp_rows<HD>(dqkv_b + (size_t)(H + kvh) * HD, stride, Ks + rw * LD, dk[mt], scale, scale,
+                                k0 + rw, T, lane);
+        mma_store_warp_rows<HD>(dqkv_b + (size_t)(H + KV + kvh) * HD, stride, Vs + rw * LD, dv[mt], 1.0f, 1.0f,
+                                k0 + rw, T, lane);
+    }
+}
+// ----------------------------------------------------------------------------------------------------------------
+// dK/dV with 8 warps (FA2's backward layout): more mma per ldmatrix at the same accumulator registers.
+//
+// The 4-warp kernel above gives each warp 16 keys (MT 1) and all HD columns of dK and dV (HD fp32 accumulator
+// registers): every Q / dO fragment it loads feeds only 2 mmas (~1.8 mma per ldmatrix overall), and MT 2 would need
+// 2 HD accumulator registers. Here the CTA owns 128 keys and 8 warps in 4 pairs; pair p owns keys k0 + 32 p .. + 31
+// and its two warps split the work of a query tile of BQ queries two ways:
+//   * S^T = K Q^T, dP^T = V dO^T, P^T, dS^T: warp (p, w) takes the 32 keys x its half of the queries (BQ / 2 from
+//     q0 + w BQ / 2), MT 2: each Q / dO fragment feeds 4 mmas.
+//   * dV += P^T dO, dK += dS^T Q: warp (p, w) takes the 32 keys x its half of the columns (HD / 2 from w HD / 2) over
+//     all BQ queries: accumulators 2 x 32 x HD / 2 / 32 = HD registers, as before, and each dO / Q fragment feeds 4
+//     mmas. The warp needs P^T, dS^T of its partner's query half too: both warps write theirs (bf16) to shared memory
+//     (stmatrix) and meet at a pair barrier (bar.sync with 64 threads); a warp takes its own half from registers.
+// Per warp and query tile (HD 128, BQ 64): 256 mmas for 104 ldmatrix (~2.5 per ldmatrix) instead of 144.
+// A query half whose queries all precede the pair's keys is skipped by both warps (diagonal tiles).
+// Skew: with one 8-warp CTA per SM and a __syncthreads per tile, all warps reach the exponentials together and the
+// tensor units idle meanwhile (measured on an H200, HD 128: 188 / 194 TFLOP/s for the whole backward, below the
+// 4-warp kernel's 206 / 213, where two CTAs per SM drift apart). So pairs 2, 3 run half a step behind (see the main
+// loop): 210 / 217.
+// Q, dO (and lse, D, by 4-byte cp.async) stream through 3 stages, prefetched one item ahead (a late pair still reads
+// item it - 1's stage while item it is scored); one __syncthreads per item.
+// smem: (K, V) 128 x (HD+8) + 3 stages x (Q, dO) BQ x (HD+8) + (P^T, dS^T) 128 x (BQ+8) bf16 + 3 x 2 x BQ fp32.
+// 255 registers at most (one CTA of 256 threads per SM, like two CTAs of the 4-warp kernel); HD 128, BQ 64: 255 with
+// 8 bytes spilled, smem 207.5 KiB.
+constexpr int DKDV8_THREADS = 256, DKDV8_KEYS = 128, DKDV8_STAGES = 3;
+
+template <int HD, int BQ>
+constexpr size_t backward_dkdv_mma8_smem_bytes() {
+    return sizeof(__nv_bfloat16) * ((HD + 8) * (2 * DKDV8_KEYS + 2 * DKDV8_STAGES * BQ) + 2 * DKDV8_KEYS * (BQ + 8)) +
+           sizeof(float) * 2 * DKDV8_STAGES * BQ;
+}
+// Stores a 16 x 16 bf16 block held as an A fragment (ldmatrix_x4's registers) at (row0, col0) of a row-major smem
+// tile with leading dimension LD: one stmatrix.x4 (the inverse of ldmatrix.x4: same addresses, same registers) on
+// Hopper, four 32-bit stores before it.
+template <int LD>
+__device__ __forceinline__ void mma_store_a_frag(uint32_t base, int row0, int col0, const uint32_t (&r)[4], int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                     base + ldmatrix_off_a<LD>(row0, col0, lane)),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+#else
+    const int g = lane / 4, c = 2 * (lane % 4);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {  // register i: matrix i = rows 8 (i % 2), columns 8 (i / 2) of the block
+        const uint32_t addr = base + 2u * ((row0 + g + 8 * (i % 2)) * LD + col0 + c + 8 * (i / 2));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(r[i]) : "memory");
+    }
+#endif
+}
+
+// Named barrier for `count` threads (a multiple of 32), id 1..15 (0 is __syncthreads).
+__device__ __forceinline__ void pair_barrier_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// Stores a warp's 16 x 8 NT fp32 accumulator block (times mult) as bf16: into the same block of a smem tile with
+// leading dimension LD (which no other warp touches), then 16-byte chunks to global rows r0 .. r0+15 (dst and stage:
+// row 0, column 0 of the block), skipping rows >= T.
+template <int LD, int NT>
+__device__ __forceinline__ void mma_store_warp_block(__nv_bfloat16* dst, size_t row_stride, __nv_bfloat16* stage,
+                                                     const float (&acc)[NT][4], float mult, int r0, int T, int lane) {
+    const int g = lane / 4, c = 2 * (lane % 4);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        *reinterpret_cast<uint32_t*>(stage + g * LD + 8 * nt + c) = pack_bf16x2(acc[nt][0] * mult, acc[nt][1] * mult);
+        *reinterpret_cast<uint32_t*>(stage + (g + 8) * LD + 8 * nt + c) =
+            pack_bf16x2(acc[nt][2] * mult, acc[nt][3] * mult);
+    }
+    __syncwarp();
+    static_assert((16 * NT) % 32 == 0, "block must split evenly over the warp");
+#pragma unroll
+    for (int i = 0; i < 16 * NT / 32; i++) {
+        const int idx = i * 32 + lane, r = idx / NT, ch = idx % NT;
+        if (r0 + r < T) {
+            *reinterpret_cast<int4*>(dst + (size_t)(r0 + r) * row_stride + 8 * ch) =
+                *reinterpret_cast<const int4*>(stage + r * LD + 8 * ch);
+        }
+    }
+}
+
+// dk, dv for one (b, kv head, tile of 128 keys). grid (B * KV, ceil(T / 128)), block 256. BQ: queries per tile;
+// SKEW: pairs 2, 3 half a step behind (false only for comparison).
+template <int HD, int BQ, bool SKEW>
+__global__ void __launch_bounds__(DKDV8_THREADS, 1)
+    backward_dkdv_mma8_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                       const float* lse, const float* delta, int T, int H, int KV, float scale,
+                                       float scale_log2) {
+    constexpr int LD = HD + 8, LDP = BQ + 8, ROWS = DKDV8_KEYS, S = DKDV8_STAGES;
+    constexpr int QH = BQ / 2, DH = HD / 2;  // a warp's queries (S^T, dP^T) and columns (dK, dV)
+    constexpr int QK = QH / 16;              // 16-query k steps per half
+    static_assert(QH % 16 == 0 && DH % 16 == 0 && ROWS % BQ == 0, "tile shapes");
+    extern __shared__ int4 mma_smem_dkdv8[];
+    __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(mma_smem_dkdv8);  // (ROWS, LD)
+    __nv_bfloat16* Vs = Ks + ROWS * LD;                                     // (ROWS, LD)
+    __nv_bfloat16* Qs = Vs + ROWS * LD;                                     // S stages x (BQ, LD)
+    __nv_bfloat16* dOs = Qs + S * BQ * LD;                                  // S stages x (BQ, LD)
+    __nv_bfloat16* Ps = dOs + S * BQ * LD;                                  // (ROWS, LDP): P^T of the tile
+    __nv_bfloat16* dSs = Ps + ROWS * LDP;                                   // (ROWS, LDP): dS^T of the tile
+    float* lse_s = reinterpret_cast<float*>(dSs + ROWS * LDP);              // S stages x BQ
+    float* D_s = lse_s + S * BQ;                                            // S stages x BQ
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+    const int pair = warp / 2, half = warp % 2;
+    const int b = blockIdx.x / KV, kvh = blockIdx.x % KV, group = H / KV;
+    const int k0 = blockIdx.y * ROWS;  // the first key tiles see the most queries: scheduled first
+    const int kr = 32 * pair;          // the pair's first key row in the tile
+    const int kw = k0 + kr;            // the pair's first key
+    const int qoff = QH * half, doff = DH * half;
+    const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
+    const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
+    const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
+
+    // Work items (query head of the group, query tile from the diagonal), as in the 4-warp kernel.
+    const int n_q = ceil_div(T - k0, BQ), n_items = group * n_q;
+    auto issue = [&](int item, int stage) {
+        const int h = kvh * group + item / n_q, q0 = k0 + (item % n_q) * BQ;
+        mma_load_tile_n<HD, BQ, DKDV8_THREADS>(Qs + stage * BQ * LD, qkv + (size_t)b * T * stride + (size_t)h * HD,
+                                            stride, q0, T);
+        mma_load_tile_n<HD, BQ, DKDV8_THREADS>(dOs + stage * BQ * LD, dout + (size_t)b * T * o_stride + (size_t)h * HD,
+                                            o_stride, q0, T);
+        const size_t row = ((size_t)b * H + h) * T;  // (b, h) row of lse and delta
+        attention_load_row_stats<BQ>(lse_s + stage * BQ, D_s + stage * BQ, lse, delta, row, q0, T);
+    };
+
+    mma_load_tile_n<HD, ROWS, DKDV8_THREADS>(Ks, k_src, stride, k0, T);
+    mma_load_tile_n<HD, ROWS, DKDV8_THREADS>(Vs, v_src, stride, k0, T);
+    issue(0, 0);
+    cp_async_commit();
+
+    float dk[2][DH / 8][4], dv[2][DH / 8][4];  // keys kw + 16 mt + (g, g+8), columns doff + 8 nt + (c, c+1)
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < DH / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) dk[mt][nt][e] = dv[mt][nt][e] = 0.0f;
+        }
+    }
+    const uint32_t k_base = smem_addr(Ks), v_base = smem_addr(Vs);
+    const uint32_t p_base = smem_addr(Ps), ds_base = smem_addr(dSs);
+
+    uint32_t pown[2][QK][4], dsown[2][QK][4];  // this warp's P^T, dS^T of its latest tile, as A fragments
+    auto tile_q0 = [&](int it) { return k0 + (it % n_q) * BQ; };
+    // A query half is live for the pair if some of its queries see some of the pair's keys (warp-uniform).
+    auto half_live = [&](int it, int h) { return tile_q0(it) + QH * h + QH - 1 >= kw; };
+
+    // S^T, dP^T, P^T, dS^T of the warp's query half of item it: into pown / dsown and the pair's rows of Ps / dSs.
+    auto score_phase = [&](int it) {
+        const int stage = it % S, q0 = tile_q0(it);
+        if (!half_live(it, half)) return;
+        const uint32_t q_base = smem_addr(Qs + stage * BQ * LD), do_base = smem_addr(dOs + stage * BQ * LD);
+        float s[2][QH / 8][4], dp[2][QH / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+            for (int nt = 0; nt < QH / 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
+            }
+        }
+        // S^T = K Q^T, dP^T = V dO^T over the warp's 32 keys x QH queries.
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t ka[2][4], va[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                ldmatrix_x4(ka[mt], k_base + ldmatrix_off_a<LD>(kr + 16 * mt, 16 * kk, lane));
+                ldmatrix_x4(va[mt], v_base + ldmatrix_off_a<LD>(kr + 16 * mt, 16 * kk, lane));
+            }
+#pragma unroll
+            for (int np = 0; np < QK; np++) {
+                uint32_t qb[4], ob[4];
+                ldmatrix_x4(qb, q_base + ldmatrix_off_b<LD>(qoff + 16 * np, 16 * kk, lane));
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma_m16n8k16_bf16(s[mt][2 * np], ka[mt], qb[0], qb[1]);
+                    mma_m16n8k16_bf16(s[mt][2 * np + 1], ka[mt], qb[2], qb[3]);
+                }
+                ldmatrix_x4(ob, do_base + ldmatrix_off_b<LD>(qoff + 16 * np, 16 * kk, lane));
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma_m16n8k16_bf16(dp[mt][2 * np], va[mt], ob[0], ob[1]);
+                    mma_m16n8k16_bf16(dp[mt][2 * np + 1], va[mt], ob[2], ob[3]);
+                }
+            }
+        }
+        // P^T, dS^T. Element (mt, nt, e): key kw + 16 mt + g + 8 (e / 2), query q0 + qoff + 8 nt + c + e % 2.
+        const bool need_mask = q0 + qoff < kw + 31 || q0 + qoff + QH > T;
+        const float* lse_t = lse_s + stage * BQ + qoff;
+        const float* D_t = D_s + stage * BQ + qoff;
+#pragma unroll
+        for (int nt = 0; nt < QH / 8; nt++) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int qi = 8 * nt + c + j;
+                const float l2 = lse_t[qi] * ATTN_LOG2E, Dq = D_t[qi];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const int e = 2 * r + j;
+                        float p = exp2f(fmaf(s[mt][nt][e], scale_log2, -l2));
+                        if (need_mask) {
+                            const int q = q0 + qoff + qi, key = kw + 16 * mt + g + 8 * r;
+                            if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
+                        }
+                        s[mt][nt][e] = p;
+                        dp[mt][nt][e] = p * (dp[mt][nt][e] - Dq);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+            for (int kk = 0; kk < QK; kk++) {
+                mma_acc_to_a(pown[mt][kk], s[mt][2 * kk], s[mt][2 * kk + 1]);
+                mma_acc_to_a(dsown[mt][kk], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
+                mma_store_a_frag<LDP>(p_base, kr + 16 * mt, qoff + 16 * kk, pown[mt][kk], lane);
+                mma_store_a_frag<LDP>(ds_base, kr + 16 * mt, qoff + 16 * kk, dsown[mt][kk], lane);
+            }
+        }
+    };
+
+    // dV += P^T dO, dK += dS^T Q over item it's BQ queries, the warp's DH columns (after the pair barrier that
+    // follows score_phase(it)).
+    auto kv_phase = [&](int it) {
+        const int stage = it % S;
+        const uint32_t q_base = smem_addr(Qs + stage * BQ * LD), do_base = smem_addr(dOs + stage * BQ * LD);
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) {
+            const bool mine = kk / QK == half;
+            if (!half_live(it, kk / QK)) continue;  // warp-uniform: that half is all zeros
+            uint32_t pa[2][4], dsa[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                if (mine) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        pa[mt][i] = pown[mt][kk % QK][i];
+                        dsa[mt][i] = dsown[mt][kk % QK][i];
+                    }
+                } else {
+                    ldmatrix_x4(pa[mt], p_base + ldmatrix_off_a<LDP>(kr + 16 * mt, 16 * kk, lane));
+                    ldmatrix_x4(dsa[mt], ds_base + ldmatrix_off_a<LDP>(kr + 16 * mt, 16 * kk, lane));
+                }
+            }
+#pragma unroll
+            for (int dpr = 0; dpr < DH / 16; dpr++) {
+                uint32_t ob[4], qb[4];
+                ldmatrix_x4_trans(ob, do_base + ldmatrix_off_bt<LD>(16 * kk, doff + 16 * dpr, lane));
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma_m16n8k16_bf16(dv[mt][2 * dpr], pa[mt], ob[0], ob[1]);
+                    mma_m16n8k16_bf16(dv[mt][2 * dpr + 1], pa[mt], ob[2], ob[3]);
+                }
+                ldmatrix_x4_trans(qb, q_base + ldmatrix_off_bt<LD>(16 * kk, doff + 16 * dpr, lane));
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma_m16n8k16_bf16(dk[mt][2 * dpr], dsa[mt], qb[0], qb[1]);
+                    mma_m16n8k16_bf16(dk[mt][2 * dpr + 1], dsa[mt], qb[2], qb[3]);
+                }
+            }
+        }
+    };
+
+    // Skew (SKEW): warps w and w + 4 share an SM sub-partition (one tensor unit); in lockstep both would reach the
+    // exponentials at once and leave it idle. So pairs 2, 3 (warps 4-7) run half a step behind pairs 0, 1: in
+    // iteration it they finish item it - 1 (kv_phase) before scoring item it, so one warp's exponentials overlap the
+    // other's mmas. A late pair reads stages it - 1 and it, so tile it + 1 is prefetched into the third stage, one
+    // item ahead; Ps / dSs rows are the pair's own, so only its barrier guards them across the iterations.
+    const bool late = SKEW && pair >= 2;
+    for (int it = 0; it < n_items; it++) {
+        cp_async_wait<0>();  // item it landed
+        __syncthreads();         // visible to all; every warp done with item it - 1 (early) or it - 2 (late)
+        if (it + 1 < n_items) issue(it + 1, (it + 1) % S);
+        cp_async_commit();
+        if (late && it > 0) {
+            kv_phase(it - 1);
+            pair_barrier_sync(1 + pair, 64);  // the partner is done reading item it - 1's P^T, dS^T
+        }
+        score_phase(it);
+        pair_barrier_sync(1 + pair, 64);  // the partner's P^T, dS^T half is in smem
+        if (!late) kv_phase(it);
+    }
+    if (late) kv_phase(n_items - 1);
+    pair_barrier_sync(1 + pair, 64);  // the partner is done reading the pair's K, V rows: they stage the results
+
+    __nv_bfloat16* dqkv_b = dqkv + (size_t)b * T * stride;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+        const int r = kr + 16 * mt;
+        mma_store_warp_block<LD, DH / 8>(dqkv_b + (size_t)(H + kvh) * HD + doff, stride, Ks + r * LD + doff, dk[mt],
+                                         scale, k0 + r, T, lane);
+        mma_store_warp_block<LD, DH / 8>(dqkv_b + (size_t)(H + KV + kvh) * HD + doff, stride, Vs + r * LD + doff,
+                                         dv[mt], 1.0f, k0 + r, T, lane);
+    }
+}
+template <int HD, int MT, int BN>
+constexpr size_t backward_dq_mma_smem_bytes() {
+    return sizeof(__nv_bfloat16) * (HD + 8) * (2 * mma_cta_rows<MT>() + 4 * BN);
+}
+
+// dq for one (b, h, tile of 64 MT queries). grid (B * H, ceil(T / (64 MT))), block 128.
+// MT: m16 query tiles per warp; BN: keys per streamed K/V tile.
+template <int HD, int MT, int BN>
+__global__ void __launch_bounds__(MMA_THREADS, 2)
+    backward_dq_mma_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                    const float* lse, const float* delta, int T, int H, int KV, float scale,
+                                    float scale_log2) {
+    constexpr int LD = HD + 8, ROWS = mma_cta_rows<MT>(), WR = 16 * MT;
+    extern __shared__ int4 mma_smem_dq[];
+    __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(mma_smem_dq);  // (ROWS, LD)
+    __nv_bfloat16* dOs = Qs + ROWS * LD;                                 // (ROWS, LD)
+    __nv_bfloat16* Ks = dOs + ROWS * LD;                                 // 2 stages x (BN, LD)
+    __nv_bfloat16* Vs = Ks + 2 * BN * LD;                                // 2 stages x (BN, LD)
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+    const int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV);
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * ROWS;
+    const int qw = q0 + WR * warp;
+    const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
+    const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
+    const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
+
+    const int n_tiles = ceil_div(min(q0 + ROWS, T), BN);
+    mma_load_tile_n<HD, ROWS, MMA_THREADS>(Qs, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
+    mma_load_tile_n<HD, ROWS, MMA_THREADS>(dOs, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0, T);
+    mma_load_tile_n<HD, BN, MMA_THREADS>(Ks, k_src, stride, 0, T);
+    mma_load_tile_n<HD, BN, MMA_THREADS>(Vs, v_src, stride, 0, T);
+    cp_async_commit();
+
+    float lse2[MT][2], D[MT][2];  // rows g, g+8 of each m tile; finite placeholders past T (never stored)
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int q = qw + 16 * mt + g + 8 * r;
+            lse2[mt][r] = q < T ? lse[(size_t)blockIdx.x * T + q] * ATTN_LOG2E : 0.0f;
+            D[mt][r] = q < T ? delta[(size_t)blockIdx.x * T + q] : 0.0f;
+        }
+    }
+    float dq[MT][HD / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++) dq[mt][nt][0] = dq[mt][nt][1] = dq[mt][nt][2] = dq[mt][nt][3] = 0.0f;
+    }
+    const uint32_t q_base = smem_addr(Qs), do_base = smem_addr(dOs);
+
+    for (int j = 0; j < n_tiles; j++) {
+        const int stage = j % 2;
+        if (j + 1 < n_tiles) {
+            mma_load_tile_n<HD, BN, MMA_THREADS>(Ks + (1 - stage) * BN * LD, k_src, stride, (j + 1) * BN, T);
+            mma_load_tile_n<HD, BN, MMA_THREADS>(Vs + (1 - stage) * BN * LD, v_src, stride, (j + 1) * BN, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        const int k0 = j * BN;
+        if (k0 <= qw + WR - 1) {
+            const uint32_t k_base = smem_addr(Ks + stage * BN * LD), v_base = smem_addr(Vs + stage * BN * LD);
+            float s[MT][BN / 8][4], dp[MT][BN / 8][4];
+            mma_two_products<HD, MT, BN, LD>(s, dp, q_base, do_base, k_base, v_base, WR * warp, lane);
+            // dS in place of dP. Element (mt, nt, e): query qw + 16 mt + g + 8 (e / 2), key k0 + 8 nt + c + e % 2.
+            // Diagonal tile. Keys >= T need no test of their own: they are after every valid query.
+            const bool need_mask = k0 + BN - 1 > qw;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e / 2;
+                        float p = exp2f(fmaf(s[mt][nt][e], scale_log2, -lse2[mt][r]));
+                        if (need_mask && k0 + 8 * nt + c + e % 2 > qw + 16 * mt + g + 8 * r) p = 0.0f;
+                        dp[mt][nt][e] = p * (dp[mt][nt][e] - D[mt][r]);
+                    }
+                }
+            }
+            // dQ += dS K: dS from the accumulators, the K tile as B.
+            mma_acc_times_bt<HD, MT, BN, LD>(dq, dp, k_base, lane);
+        }
+        __syncthreads();
+    }
+
+    // The warp's own Q rows are dead now (each warp reads only its WR rows of Qs): they stage the result.
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int rw = WR * warp + 16 * mt;
+        mma_store_warp_rows<HD>(dqkv + (size_t)b * T * stride + (size_t)h * HD, stride, Qs + rw * LD, dq[mt], scale,
+                                scale, q0 + rw, T, lane);
+    }
+}
+
+// One tile configuration of the backward (D included): dQ kernel with QMT m16 query tiles per warp and QBN keys per
+// tile; dK/dV kernel with KW warps: KW 4, the 4-warp kernel with KMT m16 key tiles per warp and KBQ queries per tile;
+// KW 8, the 8-warp kernel (128 keys per CTA, KMT unused) with KBQ queries per tile.
+template <int HD, int QMT, int QBN, int KMT, int KBQ, int KW = 4, bool KSKEW = true>
+static void backward_mma_launch(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
+                                      const floatX* out, const float* lse, int B, int T, int H, int KV,
+                                      cudaStream_t stream) {
+    static_assert(KW == 4 || KW == 8, "dK/dV kernel: 4 or 8 warps");
+    static bool dq_smem_set = false, dkdv_smem_set = false;
+    const size_t dq_smem = backward_dq_mma_smem_bytes<HD, QMT, QBN>();
+    attention_set_smem(backward_dq_mma_kernel<HD, QMT, QBN>, dq_smem, dq_smem_set);
+    attention_delta(delta, dout, out, B, T, H, HD, stream);
+    const float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * ATTN_LOG2E;
+    // dK/dV first: its CTAs are fewer (B KV per key tile) and longer; both kernels only read what they share.
+    if constexpr (KW == 4) {
+        const size_t dkdv_smem = backward_dkdv_mma_smem_bytes<HD, KMT, KBQ>();
+        attention_set_smem(backward_dkdv_mma_kernel<HD, KMT, KBQ>, dkdv_smem, dkdv_smem_set);
+        dim3 dkdv_grid(B * KV, ceil_div(T, mma_cta_rows<KMT>()));
+        backward_dkdv_mma_kernel<HD, KMT, KBQ><<<dkdv_grid, MMA_THREADS, dkdv_smem, stream>>>(
+            dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    } else {
+        const size_t dkdv_smem = backward_dkdv_mma8_smem_bytes<HD, KBQ>();
+        attention_set_smem(backward_dkdv_mma8_kernel<HD, KBQ, KSKEW>, dkdv_smem, dkdv_smem_set);
+        dim3 dkdv_grid(B * KV, ceil_div(T, DKDV8_KEYS));
+        backward_dkdv_mma8_kernel<HD, KBQ, KSKEW><<<dkdv_grid, DKDV8_THREADS, dkdv_smem, stream>>>(
+            dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    }
+    cudaCheckLaunch();
+    dim3 dq_grid(B * H, ceil_div(T, mma_cta_rows<QMT>()));
+    backward_dq_mma_kernel<HD, QMT, QBN><<<dq_grid, MMA_THREADS, dq_smem, stream>>>(
+        dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    cudaCheckLaunch();
+}
+
+// Tile configurations as version entries, per head dim: dQ <MT, BN>, dK/dV <MT, BQ>, dK/dV warps (4 or 8) and the
+// 8-warp kernel's skew; other head dims take the scalar path.
 template <int QMT64, int QBN64, int KMT64, int KBQ64, int QMT128, int QBN128, int KMT128, int KBQ128, int KW64 = 4,
           int KW128 = 4, bool SKEW = true>
 static void backward_tc_config(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv, const floatX* out,
                                const float* lse, int B, int T, int H, int KV, int hd) {
-#if !defined(ENABLE_FP32)
+    attention_check_args("backward_tc_config", B, T, H, KV, hd);
     if (hd == 64) {
-        return attention_backward_tc_cfg<64, QMT64, QBN64, KMT64, KBQ64, KW64, SKEW>(dqkv, delta, dout, qkv, out,
-                                                                                     lse, B, T, H, KV, 0);
+        return backward_mma_launch<64, QMT64, QBN64, KMT64, KBQ64, KW64, SKEW>(dqkv, delta, dout, qkv, out, lse, B,
+                                                                               T, H, KV, 0);
     }
     if (hd == 128) {
-        return attention_backward_tc_cfg<128, QMT128, QBN128, KMT128, KBQ128, KW128, SKEW>(dqkv, delta, dout, qkv,
-                                                                                           out, lse, B, T, H, KV, 0);
+        return backward_mma_launch<128, QMT128, QBN128, KMT128, KBQ128, KW128, SKEW>(dqkv, delta, dout, qkv, out,
+                                                                                     lse, B, T, H, KV, 0);
     }
-#endif
     attention_backward_scalar(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// v5's wgmma backward with its variants as template arguments (llmc/attention_wgmma.cuh keeps the chosen ones: BQ 64
+// and K / V from shared memory in dK/dV; dQ with BN 128 at hd 64, BN 64 and Q / dO in registers at hd 128).
+// BQ: queries per dK/dV item; AREG in dK/dV: the warpgroup's K and V rows in registers as A fragments (S^T, dP^T
+// then read only Q, dO from shared memory); BN: keys per dQ tile; AREG in dQ: Q and dO rows in registers.
+
+// S-shaped product with A from shared memory (AREG false) or from the warpgroup's registers (AREG true).
+template <int HD, int R, int N, bool AREG>
+__device__ __forceinline__ void scores_wgmma(float (&d)[N / 2], uint32_t a_tile,
+                                             const uint32_t (&a_frags)[AREG ? HD / 16 : 1][4], uint32_t b_tile,
+                                             int wg) {
+    if constexpr (AREG) wgmma_scores_rs<HD, N>(d, a_frags, b_tile);
+    else wgmma_scores_ss<HD, R, N>(d, a_tile, b_tile, wg);
+}
+
+template <int HD, int BQ>
+constexpr size_t backward_dkdv_wgmma_smem_bytes() {
+    constexpr int S = WGMMA_DKDV_STAGES;
+    return sizeof(__nv_bfloat16) * HD * (2 * WGMMA_ROWS + 2 * S * BQ) + sizeof(float) * 2 * S * BQ + 1024;
+}
+
+// dK, dV for one (b, kv head, tile of 128 keys). grid (B * KV, ceil(T / 128)), block 256. BQ: queries per item.
+// AREG: the warpgroup's K and V rows stay in registers as A fragments (S^T, dP^T then read only Q, dO from shared
+// memory: half the shared-memory traffic of those products), at the cost of HD / 2 registers per thread.
+template <int HD, int BQ, bool AREG>
+__global__ void __launch_bounds__(WGMMA_THREADS, 1)
+    backward_dkdv_wgmma_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                          const float* lse, const float* delta, int T, int H, int KV, float scale,
+                                          float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int ROWS = WGMMA_ROWS, S = WGMMA_DKDV_STAGES;
+    constexpr int KBYTES = ROWS * HD * 2, QBYTES = BQ * HD * 2;
+    static_assert(ROWS % BQ == 0, "query tiles must start at the key tile's first key");
+    static_assert(BQ == 64 || BQ == 128, "S^T, dP^T are wgmma m64nBQk16 with N = 64 or 128 (wgmma_bf16_ss overloads)");
+    extern __shared__ uint8_t wgmma_smem[];
+    const uint32_t smem = (smem_addr(wgmma_smem) + 1023u) & ~1023u;
+    const uint32_t k_sm = smem;                      // K (128 x HD), swizzled
+    const uint32_t v_sm = k_sm + KBYTES;             // V (128 x HD)
+    const uint32_t q_sm = v_sm + KBYTES;             // S stages x Q (BQ x HD)
+    const uint32_t do_sm = q_sm + S * QBYTES;        // S stages x dO (BQ x HD)
+    uint8_t* smem_ptr = wgmma_smem + (smem - smem_addr(wgmma_smem));
+    float* lse_s = reinterpret_cast<float*>(smem_ptr + 2 * KBYTES + 2 * S * QBYTES);  // S stages x BQ
+    float* D_s = lse_s + S * BQ;                                                      // S stages x BQ
+
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, c = 2 * (lane % 4);
+    const int b = blockIdx.x / KV, kvh = blockIdx.x % KV, group = H / KV;
+    const int k0 = blockIdx.y * ROWS;  // the first key tiles see the most queries: scheduled first
+    const int kwg = k0 + 64 * wg;      // the warpgroup's first key
+    const int key0 = kwg + 16 * warp + g;  // this thread's keys: key0 and key0 + 8
+    const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
+
+    // Items (query head of the group, query tile from the diagonal); k0 is a multiple of BQ.
+    const int n_q = ceil_div(T - k0, BQ), n_items = group * n_q;
+    auto issue = [&](int item) {
+        const int stage = item % S, h = kvh * group + item / n_q, q0 = k0 + (item % n_q) * BQ;
+        wgmma_load_tile<HD, BQ>(q_sm + stage * QBYTES, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
+        wgmma_load_tile<HD, BQ>(do_sm + stage * QBYTES, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0,
+                             T);
+        const size_t row = ((size_t)b * H + h) * T;  // (b, h) row of lse and delta
+        attention_load_row_stats<BQ>(lse_s + stage * BQ, D_s + stage * BQ, lse, delta, row, q0, T);
+    };
+
+    wgmma_load_tile<HD, ROWS>(k_sm, qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD, stride, k0, T);
+    wgmma_load_tile<HD, ROWS>(v_sm, qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD, stride, k0, T);
+    issue(0);
+    cp_async_commit();
+    if (n_items > 1) issue(1);
+    cp_async_commit();
+
+    float dk[HD / 2], dv[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dk[i] = dv[i] = 0.0f;
+    uint32_t ka[AREG ? HD / 16 : 1][4], va[AREG ? HD / 16 : 1][4];  // K, V rows as A fragments (AREG)
+    uint32_t dsa[BQ / 16][4];  // dS^T as bf16 A registers, read by dK's wgmma, which runs into the next item
+
+    for (int it = 0; it < n_items; it++) {
+        // Groups committed so far: items 0 .. it + 1 (one per iteration, possibly empty). All but the newest: it.
+        cp_async_wait<1>();
+        fence_proxy_async_shared();
+        // Item it visible to all; everyone is done with item it - 2 (its dK wgmma was waited for in item it - 1),
+        // whose stage is refilled next.
+        __syncthreads();
+        if (it + 2 < n_items) issue(it + 2);
+        cp_async_commit();
+        if constexpr (AREG) {
+            if (it == 0) {
+                wgmma_load_a_frags<HD, ROWS>(ka, smem_ptr, wg);
+                wgmma_load_a_frags<HD, ROWS>(va, smem_ptr + KBYTES, wg);
+            }
+        }
+
+        const int stage = it % S, q0 = k0 + (it % n_q) * BQ;
+        if (q0 + BQ - 1 < kwg) {  // warpgroup-uniform: every query of the tile precedes every key
+            wgmma_wait_group<0>();  // the previous item's dK must be done before its stage is refilled (next iteration)
+            pin_registers(dsa);
+            pin_registers(dk);
+            continue;
+        }
+        const uint32_t q_st = q_sm + stage * QBYTES, do_st = do_sm + stage * QBYTES;
+        const float* lse_t = lse_s + stage * BQ;
+        const float* D_t = D_s + stage * BQ;
+
+        // S^T = K Q^T and dP^T = V dO^T, one commit group each.
+        float s[BQ / 2], dp[BQ / 2];
+        wgmma_fence();
+        scores_wgmma<HD, ROWS, BQ, AREG>(s, k_sm, ka, q_st, wg);
+        scores_wgmma<HD, ROWS, BQ, AREG>(dp, v_sm, va, do_st, wg);
+
+        // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2. Outstanding: the previous
+        // item's dK, S^T, dP^T: all but the newest (dP^T) done.
+        wgmma_wait_group<1>();
+        pin_registers(s);
+        pin_registers(dsa);  // the previous item's dK is done with them
+        pin_registers(dk);
+        const bool need_mask = kwg + 63 > q0 || q0 + BQ > T;
+#pragma unroll
+        for (int i = 0; i < BQ / 2; i++) {
+            const int qi = 8 * (i / 4) + c + i % 2;
+            float p = exp2f(fmaf(s[i], scale_log2, -lse_t[qi] * ATTN_LOG2E));
+            if (need_mask) {
+                const int q = q0 + qi, key = key0 + 8 * ((i / 2) % 2);
+                if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
+            }
+            s[i] = p;
+        }
+        // dV += P^T dO: B = the dO tile, MN-major; its k16 slice kk (queries 16 kk ..) starts at row 16 kk.
+        uint32_t pa[BQ / 16][4];
+        wgmma_acc_to_a<BQ>(pa, s);
+        pin_registers(pa);
+        pin_registers(dv);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++)
+            wgmma_bf16_rs(dv, pa[kk], wgmma_desc_sw128(do_st + 2048 * kk, BQ * 128, 1024), 1);
+        wgmma_commit_group();
+
+        // dS^T (dP^T is done once only the dV group may be outstanding), then dK += dS^T Q.
+        wgmma_wait_group<1>();
+        pin_registers(dp);
+#pragma unroll
+        for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
+        wgmma_acc_to_a<BQ>(dsa, dp);
+        pin_registers(dsa);
+        pin_registers(dk);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++)
+            wgmma_bf16_rs(dk, dsa[kk], wgmma_desc_sw128(q_st + 2048 * kk, BQ * 128, 1024), 1);
+        wgmma_commit_group();
+        wgmma_wait_group<1>();  // dV done; dK runs on into the next item
+        pin_registers(pa);
+        pin_registers(dv);
+    }
+    wgmma_wait_group<0>();
+    pin_registers(dsa);
+    pin_registers(dk);
+
+    // Each warpgroup read only its own 64 rows of K and V: after its last wait they stage its results.
+    __nv_bfloat16* dqkv_b = dqkv + (size_t)b * T * stride;
+    wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + kvh) * HD, stride, smem_ptr, dk, scale, kwg, T, wg);
+    wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + KV + kvh) * HD, stride, smem_ptr + KBYTES, dv, 1.0f, kwg, T, wg);
+#else
+    __trap();  // not sm_90a code: never launched (attention_wgmma_usable)
+#endif
+}
+template <int HD, int BN>
+constexpr size_t backward_dq_wgmma_smem_bytes() {
+    return sizeof(__nv_bfloat16) * HD * (2 * WGMMA_ROWS + 2 * WGMMA_DQ_STAGES * BN) + 1024;
+}
+
+// dQ for one (b, h, tile of 128 queries). grid (B * H, ceil(T / 128)), block 256. BN: keys per K / V tile.
+// AREG: the warpgroup's Q and dO rows stay in registers as A fragments (as in the dK/dV kernel).
+template <int HD, int BN, bool AREG>
+__global__ void __launch_bounds__(WGMMA_THREADS, 1)
+    backward_dq_wgmma_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                        const float* lse, const float* delta, int T, int H, int KV, float scale,
+                                        float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int ROWS = WGMMA_ROWS, S = WGMMA_DQ_STAGES;
+    constexpr int QBYTES = ROWS * HD * 2, TBYTES = BN * HD * 2;
+    static_assert(ROWS % BN == 0, "key tiles must tile the query tile");
+    extern __shared__ uint8_t wgmma_smem[];
+    const uint32_t smem = (smem_addr(wgmma_smem) + 1023u) & ~1023u;
+    const uint32_t q_sm = smem;                     // Q (128 x HD), swizzled
+    const uint32_t do_sm = q_sm + QBYTES;           // dO (128 x HD)
+    const uint32_t k_sm = do_sm + QBYTES;           // S stages x K (BN x HD)
+    const uint32_t v_sm = k_sm + S * TBYTES;        // S stages x V (BN x HD)
+    uint8_t* smem_ptr = wgmma_smem + (smem - smem_addr(wgmma_smem));
+
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, c = 2 * (lane % 4);
+    const int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV);
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * ROWS;  // the longest (last) query tiles are scheduled first
+    const int qwg = q0 + 64 * wg;
+    const int row0 = qwg + 16 * warp + g;  // this thread's queries: row0 and row0 + 8
+    const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
+    const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
+    const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
+
+    const int n_tiles = ceil_div(min(q0 + ROWS, T), BN);  // causal: keys up to the CTA's last query
+    auto issue = [&](int j) {
+        wgmma_load_tile<HD, BN>(k_sm + (j % S) * TBYTES, k_src, stride, j * BN, T);
+        wgmma_load_tile<HD, BN>(v_sm + (j % S) * TBYTES, v_src, stride, j * BN, T);
+    };
+    wgmma_load_tile<HD, ROWS>(q_sm, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
+    wgmma_load_tile<HD, ROWS>(do_sm, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0, T);
+    issue(0);
+    cp_async_commit();
+    if (n_tiles > 1) issue(1);
+    cp_async_commit();
+
+    float lse2[2], D[2];  // rows row0, row0 + 8; finite placeholders past T (never stored)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int q = row0 + 8 * r;
+        lse2[r] = q < T ? lse[(size_t)blockIdx.x * T + q] * ATTN_LOG2E : 0.0f;
+        D[r] = q < T ? delta[(size_t)blockIdx.x * T + q] : 0.0f;
+    }
+    float dq[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dq[i] = 0.0f;
+    uint32_t qa[AREG ? HD / 16 : 1][4], doa[AREG ? HD / 16 : 1][4];  // Q, dO rows as A fragments (AREG)
+
+    for (int j = 0; j < n_tiles; j++) {
+        cp_async_wait<1>();
+        fence_proxy_async_shared();
+        __syncthreads();  // tile j visible to all; everyone is done with tile j - 1, whose stage is refilled next
+        if (j + 2 < n_tiles) issue(j + 2);
+        cp_async_commit();
+        if constexpr (AREG) {
+            if (j == 0) {
+                wgmma_load_a_frags<HD, ROWS>(qa, smem_ptr, wg);
+                wgmma_load_a_frags<HD, ROWS>(doa, smem_ptr + QBYTES, wg);
+            }
+        }
+
+        const int k0 = j * BN;
+        if (k0 > qwg + 63) continue;  // warpgroup-uniform: every key of the tile follows every query
+        const uint32_t k_st = k_sm + (j % S) * TBYTES, v_st = v_sm + (j % S) * TBYTES;
+
+        // S = Q K^T and dP = dO V^T, one commit group each.
+        float s[BN / 2], dp[BN / 2];
+        wgmma_fence();
+        scores_wgmma<HD, ROWS, BN, AREG>(s, q_sm, qa, k_st, wg);
+        scores_wgmma<HD, ROWS, BN, AREG>(dp, do_sm, doa, v_st, wg);
+
+        // P. Element i: query row0 + 8 ((i / 2) % 2), key k0 + 8 (i / 4) + c + i % 2. Keys >= T need no test of
+        // their own: they follow every valid query.
+        wgmma_wait_group<1>();
+        pin_registers(s);
+        const bool need_mask = k0 + BN - 1 > qwg;
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) {
+            const int r = (i / 2) % 2;
+            float p = exp2f(fmaf(s[i], scale_log2, -lse2[r]));
+            if (need_mask && k0 + 8 * (i / 4) + c + i % 2 > row0 + 8 * r) p = 0.0f;
+            s[i] = p;
+        }
+        // dS, then dQ += dS K: B = the K tile, MN-major; its k16 slice kk (keys 16 kk ..) starts at row 16 kk.
+        wgmma_wait_group<0>();
+        pin_registers(dp);
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) dp[i] = s[i] * (dp[i] - D[(i / 2) % 2]);
+        uint32_t dsa[BN / 16][4];
+        wgmma_acc_to_a<BN>(dsa, dp);
+        pin_registers(dsa);
+        pin_registers(dq);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            wgmma_bf16_rs(dq, dsa[kk], wgmma_desc_sw128(k_st + 2048 * kk, BN * 128, 1024), 1);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+        pin_registers(dsa);
+        pin_registers(dq);
+    }
+
+    // Each warpgroup read only its own 64 rows of Q: after its last wait they stage its result.
+    wgmma_store_rows<HD, ROWS>(dqkv + (size_t)b * T * stride + (size_t)h * HD, stride, smem_ptr, dq, scale, qwg, T,
+                               wg);
+#else
+    __trap();  // not sm_90a code: never launched (attention_wgmma_usable)
+#endif
+}
+
+template <int HD, int BQ, int BN, bool AREG_KV, bool AREG_Q>
+static void backward_wgmma_launch(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
+                                          const floatX* out, const float* lse, int B, int T, int H, int KV,
+                                          cudaStream_t stream) {
+    static bool dkdv_smem_set = false, dq_smem_set = false;
+    const size_t dkdv_smem = backward_dkdv_wgmma_smem_bytes<HD, BQ>();
+    const size_t dq_smem = backward_dq_wgmma_smem_bytes<HD, BN>();
+    attention_set_smem(backward_dkdv_wgmma_kernel<HD, BQ, AREG_KV>, dkdv_smem, dkdv_smem_set);
+    attention_set_smem(backward_dq_wgmma_kernel<HD, BN, AREG_Q>, dq_smem, dq_smem_set);
+    attention_delta(delta, dout, out, B, T, H, HD, stream);
+    const float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * ATTN_LOG2E;
+    dim3 dkdv_grid(B * KV, ceil_div(T, WGMMA_ROWS));
+    backward_dkdv_wgmma_kernel<HD, BQ, AREG_KV><<<dkdv_grid, WGMMA_THREADS, dkdv_smem, stream>>>(
+        dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    cudaCheckLaunch();
+    dim3 dq_grid(B * H, ceil_div(T, WGMMA_ROWS));
+    backward_dq_wgmma_kernel<HD, BN, AREG_Q><<<dq_grid, WGMMA_THREADS, dq_smem, stream>>>(
+        dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    cudaCheckLaunch();
 }
 
 // Hopper (wgmma) configurations as version entries: <BQ, BN> for hd 64 and for hd 128, then AREG (K / V in the dK/dV
@@ -189,19 +1126,18 @@ static void backward_tc_config(floatX* dqkv, float* delta, const floatX* dout, c
 template <int BQ64, int BN64, int BQ128, int BN128, bool AKV64, bool AQ64, bool AKV128, bool AQ128>
 static void backward_hopper_config(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv, const floatX* out,
                                    const float* lse, int B, int T, int H, int KV, int hd) {
-#if !defined(ENABLE_FP32)
-    if (attention_tc_supported(hd) && attention_hopper_usable()) {
+    if ((hd == 64 || hd == 128) && attention_aligned16({dqkv, dout, qkv}) && attention_wgmma_usable()) {
         attention_check_args("backward_hopper_config", B, T, H, KV, hd);
         if (hd == 64) {
-            return attention_backward_hopper_cfg<64, BQ64, BN64, AKV64, AQ64>(dqkv, delta, dout, qkv, out, lse, B, T,
+            return backward_wgmma_launch<64, BQ64, BN64, AKV64, AQ64>(dqkv, delta, dout, qkv, out, lse, B, T,
                                                                               H, KV, 0);
         }
-        return attention_backward_hopper_cfg<128, BQ128, BN128, AKV128, AQ128>(dqkv, delta, dout, qkv, out, lse, B, T,
+        return backward_wgmma_launch<128, BQ128, BN128, AKV128, AQ128>(dqkv, delta, dout, qkv, out, lse, B, T,
                                                                                H, KV, 0);
     }
-#endif
     attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
 }
+#endif  // !ENABLE_FP32
 
 static void attention_backward_gpu(int version, floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
                                    const floatX* out, const float* lse, int B, int T, int H, int KV, int hd) {
@@ -211,12 +1147,11 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
         case 2:  // 16 rows per warp in both kernels
             backward_tc_config<1, 64, 1, 64, 1, 64, 1, 32>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
             break;
-        case 3:  // v3's configuration, kept as a fixed entry
+        case 3:  // per-head-dim tile configurations
             backward_tc_config<2, 64, 1, 64, 2, 32, 1, 64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
             break;
-        case 4:  // v4, kept as a fixed entry: the mma.sync kernels as attention_backward_tc configures them
-            if (attention_tc_supported(hd)) attention_backward_tc(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
-            else attention_backward_scalar(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
+        case 4:  // v3 with the 8-warp dK/dV kernel at hd 128
+            backward_tc_config<2, 64, 1, 64, 2, 32, 1, 64, 4, 8>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
             break;
         case 5: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
         // Tuning candidates (./attention_backward sweep): not versions of their own.
@@ -359,8 +1294,8 @@ int main(int argc, char** argv) {
     for (int version : versions) {
         printf("attention_backward version %d (%s): validation\n", version, PRECISION_NAME);
 #if !defined(ENABLE_FP32)
-        if (version == 5 && !attention_hopper_usable()) {
-            printf("  note: no sm_90 device or no sm_90a code in this build: v5 runs v4's kernels\n");
+        if (version == 5 && !attention_wgmma_usable()) {
+            printf("  note: no sm_90 device or no sm_90a code in this build: v5 runs v1's kernels\n");
         }
 #endif
         // T not a multiple of the tiles (v2-v4: 64 fixed rows, 32 or 64 streamed; v5: 128 fixed rows, 64 or 128

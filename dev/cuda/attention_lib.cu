@@ -2,8 +2,8 @@
 // sizes, llmc's layouts (bf16 in the default build), and the caller's CUDA stream (PyTorch's current stream), so the
 // kernels order with PyTorch's own work and CUDA events time them like any PyTorch op:
 //   qkv, dqkv (B, T, (H + 2 KV) hd)   out, dout (B, T, H hd)   lse, delta (B, H, T) fp32
-// The functions are the trainer's entry points (attention_forward / attention_backward: the tensor-core path for
-// bf16 and hd 64 / 128, the forward on Hopper's wgmma for hd 128 on sm_90a), plus the scalar path for comparison.
+// The functions are the trainer's entry points (attention_forward / attention_backward, which pick the path as
+// llmc/attention.cuh describes), plus the scalar path for comparison.
 //
 // The script builds the library itself:
 //   nvcc -O3 -std=c++17 --use_fast_math -shared -Xcompiler -fPIC -DATTENTION_LIB_NO_MAIN
@@ -18,7 +18,7 @@ extern "C" {
 // 1 when tensors are bf16 (the default build), 0 for an fp32 (-DENABLE_FP32) build.
 int llmc_attention_is_bf16() { return sizeof(floatX) == 2 ? 1 : 0; }
 
-// out, lse OVERWRITTEN from qkv; the tensor-core path where it applies.
+// out, lse OVERWRITTEN from qkv.
 void llmc_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int H, int KV, int hd,
                             void* stream) {
     attention_forward(static_cast<floatX*>(out), lse, static_cast<const floatX*>(qkv), B, T, H, KV, hd,

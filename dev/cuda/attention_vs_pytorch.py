@@ -37,8 +37,9 @@ TOLERANCE = 1e-2
 
 def build_library(build_dir):
     src = os.path.join(HERE, "attention_lib.cu")
-    deps = [src, os.path.join(REPO, "llmc", "attention.cuh"), os.path.join(REPO, "llmc", "attention_hopper.cuh"),
-            os.path.join(REPO, "llmc", "cuda_common.h"), os.path.join(REPO, "llmc", "utils.h")]
+    deps = [src] + [os.path.join(REPO, "llmc", name) for name in
+                    ("attention.cuh", "attention_common.cuh", "attention_scalar.cuh", "attention_mma.cuh",
+                     "attention_wgmma.cuh", "ptx.cuh", "cuda_common.h", "utils.h")]
     lib = os.path.join(build_dir, "libllmc_attention.so")
     if not os.path.exists(lib) or os.path.getmtime(lib) < max(os.path.getmtime(d) for d in deps):
         os.makedirs(build_dir, exist_ok=True)

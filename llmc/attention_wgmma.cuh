@@ -1,0 +1,751 @@
+// Causal GQA attention forward and backward for Hopper (sm_90a): wgmma tensor cores, bf16 builds only. Forward:
+// head_dim 128; backward: head_dim 64 and 128. What the trainer runs on an H100 / H200 at those head dims.
+//
+// Same contracts as attention_forward / attention_backward in attention.cuh (math, layouts, lse definition are
+// described there): qkv (B, T, (H + 2 KV) hd) -> out (B, T, H hd), lse (B, H, T) fp32 = log-sum-exp of each row of
+// scaled scores; backward: dqkv from dout, qkv, out, lse, deterministic (every output element has one writer).
+// Instruction, fragment, swizzle and descriptor conventions: llmc/ptx.cuh. Measurements and the variants these
+// kernels were chosen from: dev/cuda/attention_forward.cu and attention_backward.cu.
+//
+// Builds: the kernels' bodies exist only when compiled for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL, the Makefiles' choice
+// for GPU_COMPUTE_CAPABILITY=90); for any other target they compile to a trap, and the host side never launches them
+// (attention_wgmma_usable: the device is compute capability 9.0 and the kernel image loaded for it is sm_90 code).
+//
+// Forward. CTA = 128 queries x (head, batch) = 2 warpgroups of 64 query rows (256 threads), sharing the K / V tiles.
+// Q (128 x HD) is loaded once; K and V tiles of 128 keys stream through a 3-stage cp.async pipeline up to the causal
+// diagonal (after each tile lands: cp.async.wait_group, then fence.proxy.async so the tensor cores (async proxy) see
+// what cp.async (generic proxy) wrote, then __syncthreads). Per tile and warpgroup: S (64 x 128) = Q K^T as HD / 16
+// wgmma m64n128k16 (A, B descriptors); wait; causal mask on the diagonal tile; online softmax in the log2 domain on
+// the fragment (quad reductions, as in attention_mma.cuh); P -> bf16 A registers; O (64 x HD fp32, HD / 2 registers
+// per thread) = alpha O + P V as 8 wgmma m64nHDk16 (A registers, B descriptor, V MN-major); wait. "Ping-pong": the
+// warpgroups take turns issuing their wgmma batches (named barriers), so one warpgroup's softmax runs while the
+// other's matmuls do (FA3's ping-pong, here without a producer warp).
+// Epilogue: O / l staged as bf16 through the warpgroup's own (dead) rows of the Q tile (same swizzle: conflict-free
+// fragment writes), then 16-byte coalesced global stores; lse = (m + log2 l) ln 2.
+// smem (HD 128): Q 32 KiB + 3 stages x (K, V) 2 x 32 KiB = 224 KiB (+1 KiB for aligning to 1024): one CTA per SM;
+// registers: S 64 + O 64 + P 32 fp32/b32 per thread, bounded at 255 (256 threads, 1 CTA per SM).
+//
+//
+// Backward. Two kernels (a dK/dV kernel per key tile and kv head, a dQ kernel per
+// query tile and head, every output element with one writer: deterministic, no atomics), with wgmma in place of
+// mma.sync. D = rowsum(dO o O) comes first from attention_delta (attention_common.cuh).
+//
+// dK/dV: CTA = 128 keys x (kv head, batch) = 2 warpgroups of 64 keys (256 threads); K and V (128 x HD) stay in smem.
+// Work items are (query head of the group, query tile of BQ from the diagonal), in a fixed order; Q, dO tiles and
+// their lse, D stream through 4 cp.async stages, two items ahead. Per item and warpgroup (rows = its 64 keys,
+// columns = the BQ queries, all fp32 accumulators):
+//   S^T = K Q^T, dP^T = V dO^T        wgmma m64nBQk16, A and B from smem descriptors (both K-major), two groups
+//   P^T = exp2(S^T scale log2 e - lse log2 e), 0 where key > query or query >= T; bf16 A registers
+//   dV += P^T dO                      wgmma m64nHDk16, A from registers, B = dO tile MN-major ("transpose B")
+//   dS^T = P^T o (dP^T - D); bf16 A registers
+//   dK += dS^T Q                      wgmma m64nHDk16, as dV; left running into the next item, whose S^T wait
+//                                     covers it (hence the 4th stage: the item's Q tile stays untouched meanwhile)
+// dK times scale at the store. A warpgroup whose keys all follow the tile's queries skips the item.
+// Registers (HD 128, BQ 64): dK, dV 2 x 64 + S^T, dP^T 2 x 32 + P^T, dS^T 2 x 16 per thread (254 in all, no spill).
+//
+// dQ: CTA = 128 queries x (head, batch) = 2 warpgroups of 64 queries; Q and dO stay in smem; K, V tiles of BN keys
+// stream through 3 stages up to the causal diagonal. Per tile and warpgroup:
+//   S = Q K^T, dP = dO V^T            wgmma m64nBNk16; with AREG (the HD 128 choice) the warpgroup's Q and dO rows
+//                                     are held in registers as A fragments, so only K, V are read from smem
+//   P = exp2(S scale log2 e - lse log2 e), 0 where key > query; dS = P o (dP - D); bf16 A registers
+//   dQ += dS K                        wgmma m64nHDk16, B = K tile MN-major
+// dQ times scale at the store.
+// Both kernels stage their bf16 results through their own (dead) rows of the resident tiles for 16-byte stores.
+// The two warpgroups synchronise once per item / tile (__syncthreads, before a stage is refilled) and otherwise
+// drift, so one's exponentials overlap the other's matmuls; making them take turns (the forward's ping-pong) measured
+// slower here.
+
+// Stores a warpgroup's 64 x HD fp32 accumulator (times mult) as bf16 to global rows r0 .. r0 + 63 (skipping rows
+// >= T; dst: row 0, column 0 of the head), staged through rows 64 wg .. 64 wg + 63 of a swizzled smem tile of R rows
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "attention_common.cuh"
+#include "cuda_common.h"
+#include "ptx.cuh"
+
+#if !defined(ENABLE_FP32)
+
+constexpr int WGMMA_THREADS = 256;    // 2 warpgroups
+constexpr int WGMMA_ROWS = 128;       // rows per CTA, 64 per warpgroup: queries (keys in the dK/dV kernel)
+constexpr int WGMMA_FWD_HD = 128;     // the forward's head dim
+constexpr int WGMMA_FWD_KEYS = 128;   // keys per K / V tile of the forward
+constexpr int WGMMA_FWD_STAGES = 3;   // K / V stages of the forward
+constexpr int WGMMA_DKDV_STAGES = 4;  // Q / dO stages of the dK/dV kernel (dK's wgmma may run into the next item)
+constexpr int WGMMA_DKDV_QUERIES = 64;  // queries per dK/dV work item
+constexpr int WGMMA_DQ_STAGES = 3;    // K / V stages of the dQ kernel
+// Per head dim, the best measured on an H200 (dev/cuda/attention_backward.cu): keys per K / V tile of the dQ kernel,
+// and whether its warpgroups hold their Q and dO rows in registers as A fragments (at hd 64 no faster).
+__host__ __device__ constexpr int wgmma_dq_keys(int hd) { return hd == 64 ? 128 : 64; }
+__host__ __device__ constexpr bool wgmma_dq_q_in_registers(int hd) { return hd == 128; }
+
+// ----------------------------------------------------------------------------------------------------------------
+// Tile helpers
+
+// cp.async loads of rows [r0, r0 + R) of one head into a swizzled tile at shared address dst; rows >= T zero-filled
+// (source clamped to row 0, nothing read). src: row 0, column 0 of the head; rows row_stride elements apart.
+template <int HD, int R>
+__device__ __forceinline__ void wgmma_load_tile(uint32_t dst, const __nv_bfloat16* src, size_t row_stride, int r0,
+                                                int T) {
+    constexpr int CHUNKS = HD / 8;
+    static_assert((R * CHUNKS) % WGMMA_THREADS == 0, "tile must split evenly over the CTA");
+#pragma unroll
+    for (int i = 0; i < R * CHUNKS / WGMMA_THREADS; i++) {
+        const int idx = i * WGMMA_THREADS + threadIdx.x, r = idx / CHUNKS, ch = idx % CHUNKS;  // coalesced
+        const bool valid = r0 + r < T;
+        cp_async_16(dst + swizzle128_offset<R>(r, ch), src + (size_t)(valid ? r0 + r : 0) * row_stride + 8 * ch,
+                       valid ? 16 : 0);
+    }
+}
+
+// lse and delta of queries q0 .. q0 + BQ - 1 of one (b, h) row (`row`: its offset in the (B, H, T) arrays) into
+// lse_s, D_s (BQ floats each; zeros past T), asynchronously, by the CTA's first 2 BQ threads (one float each).
+template <int BQ>
+__device__ __forceinline__ void attention_load_row_stats(float* lse_s, float* D_s, const float* lse, const float* delta,
+                                                   size_t row, int q0, int T) {
+    if (threadIdx.x < 2 * BQ) {
+        const int i = threadIdx.x % BQ, q = q0 + i;
+        const float* src = threadIdx.x < BQ ? lse : delta;
+        float* dst = threadIdx.x < BQ ? lse_s : D_s;
+        cp_async_4(smem_addr(dst + i), src + row + (q < T ? q : 0), q < T ? 4 : 0);
+    }
+}
+
+template <int HD, int R>
+__device__ __forceinline__ void wgmma_store_rows(__nv_bfloat16* dst, size_t row_stride, uint8_t* stage,
+                                                 const float (&acc)[HD / 2], float mult, int r0, int T, int wg) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+    const int lr = 64 * wg + 16 * warp + g;
+#pragma unroll
+    for (int jn = 0; jn < HD / 8; jn++) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            *reinterpret_cast<uint32_t*>(stage + swizzle128_offset<R>(lr + 8 * r, jn) + 2 * c) =
+                pack_bf16x2(acc[4 * jn + 2 * r] * mult, acc[4 * jn + 2 * r + 1] * mult);
+        }
+    }
+    named_barrier_sync<128>(1 + wg);
+    constexpr int CHUNKS = HD / 8;
+    const int t = threadIdx.x % 128;
+#pragma unroll
+    for (int i = 0; i < 64 * CHUNKS / 128; i++) {
+        const int idx = i * 128 + t, r = idx / CHUNKS, ch = idx % CHUNKS;
+        if (r0 + r < T) {
+            *reinterpret_cast<int4*>(dst + (size_t)(r0 + r) * row_stride + 8 * ch) =
+                *reinterpret_cast<const int4*>(stage + swizzle128_offset<R>(64 * wg + r, ch));
+        }
+    }
+}
+
+// Packs a 64 x N fp32 accumulator fragment (N / 2 values per thread) into N / 16 bf16 A fragments (k16 slices).
+template <int N>
+__device__ __forceinline__ void wgmma_acc_to_a(uint32_t (&a)[N / 16][4], const float (&d)[N / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++) {
+        a[kk][0] = pack_bf16x2(d[8 * kk + 0], d[8 * kk + 1]);
+        a[kk][1] = pack_bf16x2(d[8 * kk + 2], d[8 * kk + 3]);
+        a[kk][2] = pack_bf16x2(d[8 * kk + 4], d[8 * kk + 5]);
+        a[kk][3] = pack_bf16x2(d[8 * kk + 6], d[8 * kk + 7]);
+    }
+}
+
+// Loads the warpgroup's A fragments (rows 64 wg .. 64 wg + 63, every k16 slice of HD columns) of a swizzled tile of
+// R rows at `tile`: a stationary operand kept in registers for wgmma_bf16_rs (fragment layout in the section comment).
+template <int HD, int R>
+__device__ __forceinline__ void wgmma_load_a_frags(uint32_t (&a)[HD / 16][4], const uint8_t* tile, int wg) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+    const int r0 = 64 * wg + 16 * warp + g;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {  // columns 16 kk + c (chunk 2 kk) and 16 kk + 8 + c (chunk 2 kk + 1)
+        a[kk][0] = *reinterpret_cast<const uint32_t*>(tile + swizzle128_offset<R>(r0, 2 * kk) + 2 * c);
+        a[kk][1] = *reinterpret_cast<const uint32_t*>(tile + swizzle128_offset<R>(r0 + 8, 2 * kk) + 2 * c);
+        a[kk][2] = *reinterpret_cast<const uint32_t*>(tile + swizzle128_offset<R>(r0, 2 * kk + 1) + 2 * c);
+        a[kk][3] = *reinterpret_cast<const uint32_t*>(tile + swizzle128_offset<R>(r0 + 8, 2 * kk + 1) + 2 * c);
+    }
+}
+
+// 64 x N = (64 x HD) (N x HD)^T over the HD / 16 k16 slices, one commit group. A: the warpgroup's rows of a resident
+// swizzled tile of R rows at a_tile (from shared memory); B: a swizzled tile of N rows at b_tile, K-major.
+template <int HD, int R, int N>
+__device__ __forceinline__ void wgmma_scores_ss(float (&d)[N / 2], uint32_t a_tile, uint32_t b_tile, int wg) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const uint64_t db = wgmma_desc_sw128(b_tile + (kk / 4) * (N * 128) + 32 * (kk % 4), 16, 1024);
+        wgmma_bf16_ss(d, wgmma_desc_sw128(a_tile + (kk / 4) * (R * 128) + 64 * wg * 128 + 32 * (kk % 4), 16, 1024),
+                      db, kk > 0);
+    }
+    wgmma_commit_group();
+}
+
+// The same with A from registers: the warpgroup's fragments (wgmma_load_a_frags).
+template <int HD, int N>
+__device__ __forceinline__ void wgmma_scores_rs(float (&d)[N / 2], const uint32_t (&a_frags)[HD / 16][4],
+                                                uint32_t b_tile) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const uint64_t db = wgmma_desc_sw128(b_tile + (kk / 4) * (N * 128) + 32 * (kk % 4), 16, 1024);
+        wgmma_bf16_rs<0>(d, a_frags[kk], db, kk > 0);
+    }
+    wgmma_commit_group();
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Forward
+
+template <int NS>
+__device__ __forceinline__ void wgmma_softmax_update(float (&s)[NS], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                  float scale_log2) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int jn = 0; jn < NS / 4; jn++) mx = fmaxf(mx, fmaxf(s[4 * jn + 2 * r], s[4 * jn + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));  // the 4 lanes of a quad share the row
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float m_new = fmaxf(m[r], mx * scale_log2);
+        const float base = m_new == -INFINITY ? 0.0f : m_new;  // no (-inf) - (-inf) for a fully masked row
+        alpha[r] = exp2f(m[r] - base);
+        m[r] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int jn = 0; jn < NS / 4; jn++) {
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; e++) {
+                s[4 * jn + e] = exp2f(fmaf(s[4 * jn + e], scale_log2, -base));
+                sum += s[4 * jn + e];
+            }
+        }
+        l[r] = l[r] * alpha[r] + sum;
+    }
+}
+
+constexpr size_t attention_forward_wgmma_smem_bytes() {
+    constexpr int HD = WGMMA_FWD_HD;
+    return sizeof(__nv_bfloat16) * HD * (WGMMA_ROWS + 2 * WGMMA_FWD_STAGES * WGMMA_FWD_KEYS) + 1024;  // + 1024: align
+}
+
+// grid (B * H, ceil(T / 128)), block 256 (2 warpgroups). The two warpgroups take turns issuing their wgmma batches
+// (named barriers 1 and 2: "warpgroup w may issue"), so one warpgroup's softmax runs while the other's matmuls do;
+// with 3 K / V stages, one __syncthreads per tile (tile landed) suffices, so the warpgroups may drift apart by part of
+// a tile instead of running in lockstep.
+__global__ void __launch_bounds__(WGMMA_THREADS, 1)
+    attention_forward_wgmma_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int T, int H, int KV,
+                                   float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma exists only in sm_90a code; elsewhere: see the #else at the end
+    constexpr int HD = WGMMA_FWD_HD, BN = WGMMA_FWD_KEYS, STAGES = WGMMA_FWD_STAGES;
+    constexpr int QBYTES = WGMMA_ROWS * HD * 2, TBYTES = BN * HD * 2;  // tile sizes in bytes
+    extern __shared__ uint8_t wgmma_smem[];
+    // Swizzle atoms must start on 1024-byte boundaries (descriptor base offset 0): align the shared address.
+    const uint32_t smem = (smem_addr(wgmma_smem) + 1023u) & ~1023u;
+    const uint32_t q_sm = smem;                    // Q (128 x HD), swizzled
+    const uint32_t k_sm = q_sm + QBYTES;           // STAGES x K (BN x HD)
+    const uint32_t v_sm = k_sm + STAGES * TBYTES;  // STAGES x V (BN x HD)
+    uint8_t* smem_ptr = wgmma_smem + (smem - smem_addr(wgmma_smem));  // generic pointer to the aligned base
+
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, c = 2 * (lane % 4);
+    const int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV);
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * WGMMA_ROWS;  // the longest (last) query tiles are scheduled first
+    const int qwg = q0 + 64 * wg;                            // the warpgroup's first query
+    const int row0 = qwg + 16 * warp + g;                    // this thread's rows: row0 and row0 + 8
+    const size_t stride = (size_t)(H + 2 * KV) * HD;
+    const __nv_bfloat16* q_src = qkv + (size_t)b * T * stride + (size_t)h * HD;
+    const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
+    const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
+
+    const int n_tiles = ceil_div(min(q0 + WGMMA_ROWS, T), BN);  // causal: keys up to the CTA's last query
+    wgmma_load_tile<HD, WGMMA_ROWS>(q_sm, q_src, stride, q0, T);
+    wgmma_load_tile<HD, BN>(k_sm, k_src, stride, 0, T);
+    wgmma_load_tile<HD, BN>(v_sm, v_src, stride, 0, T);
+    cp_async_commit();
+
+    float o[HD / 2];             // O accumulator fragment (64 x HD per warpgroup)
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows row0, row0 + 8: running max (log2), lane sums
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+    if (wg == 1) named_barrier_arrive<256>(1);  // warpgroup 0 issues first
+
+    for (int j = 0; j < n_tiles; j++) {
+        const int stage = j % STAGES, next = (j + 1) % STAGES;
+        if (j + 1 < n_tiles) {  // prefetch tile j+1 into the stage of tile j+1-STAGES (both warpgroups finished it
+                                // before the __syncthreads of iteration j)
+            wgmma_load_tile<HD, BN>(k_sm + next * TBYTES, k_src, stride, (j + 1) * BN, T);
+            wgmma_load_tile<HD, BN>(v_sm + next * TBYTES, v_src, stride, (j + 1) * BN, T);
+            cp_async_commit();
+            cp_async_wait<1>();  // tile j (and Q) landed; tile j+1 may still be in flight
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_proxy_async_shared();  // this thread's cp.async writes -> visible to wgmma (async proxy)
+        __syncthreads();             // ... and everyone's
+
+        // No warpgroup skips a tile (with 128-key tiles each has a visible key anyway): the turn-taking needs both
+        // warpgroups to issue the same number of batches.
+        const int k0 = j * BN;
+        const uint32_t k_st = k_sm + stage * TBYTES, v_st = v_sm + stage * TBYTES;
+        // S = Q K^T, one commit group. The k16 slice kk of d is column block kk / 4, bytes 32 (kk % 4) of each row.
+        float s[BN / 2];
+        named_barrier_sync<256>(1 + wg);  // my turn to issue
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const uint32_t off = 32 * (kk % 4);
+            const uint64_t da = wgmma_desc_sw128(q_sm + (kk / 4) * (WGMMA_ROWS * 128) + 64 * wg * 128 + off, 16, 1024);
+            const uint64_t db = wgmma_desc_sw128(k_st + (kk / 4) * (BN * 128) + off, 16, 1024);
+            wgmma_bf16_ss(s, da, db, kk > 0);
+        }
+        wgmma_commit_group();
+        named_barrier_arrive<256>(2 - wg);  // the other warpgroup's turn
+        uint32_t p[BN / 16][4];  // P as bf16 A registers, live until its P V wgmma is done
+        wgmma_wait_group<0>();
+        pin_registers(s);
+        if (k0 + BN - 1 > qwg) {  // diagonal: some key is after some query of the warpgroup
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) {
+                const int key = k0 + 8 * (i / 4) + c + (i % 2), q = row0 + 8 * ((i / 2) % 2);
+                if (key > q) s[i] = -INFINITY;
+            }
+        }
+        float alpha[2];
+        wgmma_softmax_update(s, m, l, alpha, scale_log2);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {  // n8 groups 2 kk, 2 kk + 1 = keys 16 kk .. 16 kk + 15
+            p[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+            p[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+            p[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+            p[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+#pragma unroll
+        for (int jn = 0; jn < HD / 8; jn++) {
+            o[4 * jn + 0] *= alpha[0];
+            o[4 * jn + 1] *= alpha[0];
+            o[4 * jn + 2] *= alpha[1];
+            o[4 * jn + 3] *= alpha[1];
+        }
+        // O += P V: the V k16 slice kk is rows 16 kk (byte 2048 kk), MN-major.
+        pin_registers(p);  // P and the rescaled O are written before the wgmma.fence
+        pin_registers(o);
+        named_barrier_sync<256>(1 + wg);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            wgmma_bf16_rs(o, p[kk], wgmma_desc_sw128(v_st + 128 * (16 * kk), BN * 128, 1024), 1);
+        }
+        wgmma_commit_group();
+        named_barrier_arrive<256>(2 - wg);
+        wgmma_wait_group<0>();
+        pin_registers(o);
+    }
+    if (wg == 0) named_barrier_sync<256>(1);  // consume warpgroup 1's last pass, so no arrival is left pending
+
+    // Epilogue. lse, then O / l as bf16 into the warpgroup's own rows of the (dead) Q tile, then coalesced stores.
+    float inv_l[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float sum = l[r];
+        sum += __shfl_xor_sync(0xffffffff, sum, 1);
+        sum += __shfl_xor_sync(0xffffffff, sum, 2);
+        inv_l[r] = 1.0f / sum;
+        const int q = row0 + 8 * r;
+        if (lane % 4 == 0 && q < T) lse[(size_t)blockIdx.x * T + q] = (m[r] + log2f(sum)) * ATTN_LN2;
+    }
+    const int lr = 64 * wg + 16 * warp + g;  // the thread's first row inside the Q tile
+#pragma unroll
+    for (int jn = 0; jn < HD / 8; jn++) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            *reinterpret_cast<uint32_t*>(smem_ptr + swizzle128_offset<WGMMA_ROWS>(lr + 8 * r, jn) + 2 * c) =
+                pack_bf16x2(o[4 * jn + 2 * r] * inv_l[r], o[4 * jn + 2 * r + 1] * inv_l[r]);
+        }
+    }
+    __syncthreads();
+    const size_t out_stride = (size_t)H * HD;
+    __nv_bfloat16* dst = out + (size_t)b * T * out_stride + (size_t)h * HD;
+    constexpr int CHUNKS = HD / 8;
+#pragma unroll
+    for (int i = 0; i < WGMMA_ROWS * CHUNKS / WGMMA_THREADS; i++) {
+        const int idx = i * WGMMA_THREADS + threadIdx.x, r = idx / CHUNKS, ch = idx % CHUNKS;
+        if (q0 + r < T) {
+            *reinterpret_cast<int4*>(dst + (size_t)(q0 + r) * out_stride + 8 * ch) =
+                *reinterpret_cast<const int4*>(smem_ptr + swizzle128_offset<WGMMA_ROWS>(r, ch));
+        }
+    }
+#else
+    // Not sm_90a code: the host never launches this (attention_wgmma_usable); fail loudly if someone does.
+    __trap();
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Backward
+
+template <int HD>
+constexpr size_t attention_backward_dkdv_wgmma_smem_bytes() {
+    constexpr int S = WGMMA_DKDV_STAGES, BQ = WGMMA_DKDV_QUERIES;
+    return sizeof(__nv_bfloat16) * HD * (2 * WGMMA_ROWS + 2 * S * BQ) + sizeof(float) * 2 * S * BQ + 1024;
+}
+
+// dK, dV for one (b, kv head, tile of 128 keys). grid (B * KV, ceil(T / 128)), block 256.
+template <int HD>
+__global__ void __launch_bounds__(WGMMA_THREADS, 1)
+    attention_backward_dkdv_wgmma_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                          const float* lse, const float* delta, int T, int H, int KV, float scale,
+                                          float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int ROWS = WGMMA_ROWS, S = WGMMA_DKDV_STAGES, BQ = WGMMA_DKDV_QUERIES;
+    constexpr int KBYTES = ROWS * HD * 2, QBYTES = BQ * HD * 2;
+    static_assert(ROWS % BQ == 0, "query tiles must start at the key tile's first key");
+    static_assert(BQ == 64 || BQ == 128, "S^T, dP^T are wgmma m64nBQk16 with N = 64 or 128 (wgmma_bf16_ss overloads)");
+    extern __shared__ uint8_t wgmma_smem[];
+    const uint32_t smem = (smem_addr(wgmma_smem) + 1023u) & ~1023u;
+    const uint32_t k_sm = smem;                      // K (128 x HD), swizzled
+    const uint32_t v_sm = k_sm + KBYTES;             // V (128 x HD)
+    const uint32_t q_sm = v_sm + KBYTES;             // S stages x Q (BQ x HD)
+    const uint32_t do_sm = q_sm + S * QBYTES;        // S stages x dO (BQ x HD)
+    uint8_t* smem_ptr = wgmma_smem + (smem - smem_addr(wgmma_smem));
+    float* lse_s = reinterpret_cast<float*>(smem_ptr + 2 * KBYTES + 2 * S * QBYTES);  // S stages x BQ
+    float* D_s = lse_s + S * BQ;                                                      // S stages x BQ
+
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, c = 2 * (lane % 4);
+    const int b = blockIdx.x / KV, kvh = blockIdx.x % KV, group = H / KV;
+    const int k0 = blockIdx.y * ROWS;  // the first key tiles see the most queries: scheduled first
+    const int kwg = k0 + 64 * wg;      // the warpgroup's first key
+    const int key0 = kwg + 16 * warp + g;  // this thread's keys: key0 and key0 + 8
+    const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
+
+    // Items (query head of the group, query tile from the diagonal); k0 is a multiple of BQ.
+    const int n_q = ceil_div(T - k0, BQ), n_items = group * n_q;
+    auto issue = [&](int item) {
+        const int stage = item % S, h = kvh * group + item / n_q, q0 = k0 + (item % n_q) * BQ;
+        wgmma_load_tile<HD, BQ>(q_sm + stage * QBYTES, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
+        wgmma_load_tile<HD, BQ>(do_sm + stage * QBYTES, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0,
+                             T);
+        const size_t row = ((size_t)b * H + h) * T;  // (b, h) row of lse and delta
+        attention_load_row_stats<BQ>(lse_s + stage * BQ, D_s + stage * BQ, lse, delta, row, q0, T);
+    };
+
+    wgmma_load_tile<HD, ROWS>(k_sm, qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD, stride, k0, T);
+    wgmma_load_tile<HD, ROWS>(v_sm, qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD, stride, k0, T);
+    issue(0);
+    cp_async_commit();
+    if (n_items > 1) issue(1);
+    cp_async_commit();
+
+    float dk[HD / 2], dv[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dk[i] = dv[i] = 0.0f;
+    uint32_t dsa[BQ / 16][4];  // dS^T as bf16 A registers, read by dK's wgmma, which runs into the next item
+
+    for (int it = 0; it < n_items; it++) {
+        // Groups committed so far: items 0 .. it + 1 (one per iteration, possibly empty). All but the newest: it.
+        cp_async_wait<1>();
+        fence_proxy_async_shared();
+        // Item it visible to all; everyone is done with item it - 2 (its dK wgmma was waited for in item it - 1),
+        // whose stage is refilled next.
+        __syncthreads();
+        if (it + 2 < n_items) issue(it + 2);
+        cp_async_commit();
+
+        const int stage = it % S, q0 = k0 + (it % n_q) * BQ;
+        if (q0 + BQ - 1 < kwg) {  // warpgroup-uniform: every query of the tile precedes every key
+            wgmma_wait_group<0>();  // the previous item's dK must be done before its stage is refilled (next iteration)
+            pin_registers(dsa);
+            pin_registers(dk);
+            continue;
+        }
+        const uint32_t q_st = q_sm + stage * QBYTES, do_st = do_sm + stage * QBYTES;
+        const float* lse_t = lse_s + stage * BQ;
+        const float* D_t = D_s + stage * BQ;
+
+        // S^T = K Q^T and dP^T = V dO^T, one commit group each.
+        float s[BQ / 2], dp[BQ / 2];
+        wgmma_fence();
+        wgmma_scores_ss<HD, ROWS, BQ>(s, k_sm, q_st, wg);
+        wgmma_scores_ss<HD, ROWS, BQ>(dp, v_sm, do_st, wg);
+
+        // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2. Outstanding: the previous
+        // item's dK, S^T, dP^T: all but the newest (dP^T) done.
+        wgmma_wait_group<1>();
+        pin_registers(s);
+        pin_registers(dsa);  // the previous item's dK is done with them
+        pin_registers(dk);
+        const bool need_mask = kwg + 63 > q0 || q0 + BQ > T;
+#pragma unroll
+        for (int i = 0; i < BQ / 2; i++) {
+            const int qi = 8 * (i / 4) + c + i % 2;
+            float p = exp2f(fmaf(s[i], scale_log2, -lse_t[qi] * ATTN_LOG2E));
+            if (need_mask) {
+                const int q = q0 + qi, key = key0 + 8 * ((i / 2) % 2);
+                if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
+            }
+            s[i] = p;
+        }
+        // dV += P^T dO: B = the dO tile, MN-major; its k16 slice kk (queries 16 kk ..) starts at row 16 kk.
+        uint32_t pa[BQ / 16][4];
+        wgmma_acc_to_a<BQ>(pa, s);
+        pin_registers(pa);
+        pin_registers(dv);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++)
+            wgmma_bf16_rs(dv, pa[kk], wgmma_desc_sw128(do_st + 2048 * kk, BQ * 128, 1024), 1);
+        wgmma_commit_group();
+
+        // dS^T (dP^T is done once only the dV group may be outstanding), then dK += dS^T Q.
+        wgmma_wait_group<1>();
+        pin_registers(dp);
+#pragma unroll
+        for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
+        wgmma_acc_to_a<BQ>(dsa, dp);
+        pin_registers(dsa);
+        pin_registers(dk);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++)
+            wgmma_bf16_rs(dk, dsa[kk], wgmma_desc_sw128(q_st + 2048 * kk, BQ * 128, 1024), 1);
+        wgmma_commit_group();
+        wgmma_wait_group<1>();  // dV done; dK runs on into the next item
+        pin_registers(pa);
+        pin_registers(dv);
+    }
+    wgmma_wait_group<0>();
+    pin_registers(dsa);
+    pin_registers(dk);
+
+    // Each warpgroup read only its own 64 rows of K and V: after its last wait they stage its results.
+    __nv_bfloat16* dqkv_b = dqkv + (size_t)b * T * stride;
+    wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + kvh) * HD, stride, smem_ptr, dk, scale, kwg, T, wg);
+    wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + KV + kvh) * HD, stride, smem_ptr + KBYTES, dv, 1.0f, kwg, T, wg);
+#else
+    __trap();  // not sm_90a code: never launched (attention_wgmma_usable)
+#endif
+}
+
+template <int HD>
+constexpr size_t attention_backward_dq_wgmma_smem_bytes() {
+    constexpr int BN = wgmma_dq_keys(HD);
+    return sizeof(__nv_bfloat16) * HD * (2 * WGMMA_ROWS + 2 * WGMMA_DQ_STAGES * BN) + 1024;
+}
+
+// dQ for one (b, h, tile of 128 queries). grid (B * H, ceil(T / 128)), block 256.
+template <int HD>
+__global__ void __launch_bounds__(WGMMA_THREADS, 1)
+    attention_backward_dq_wgmma_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                        const float* lse, const float* delta, int T, int H, int KV, float scale,
+                                        float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int ROWS = WGMMA_ROWS, S = WGMMA_DQ_STAGES, BN = wgmma_dq_keys(HD);
+    constexpr bool AREG = wgmma_dq_q_in_registers(HD);
+    constexpr int QBYTES = ROWS * HD * 2, TBYTES = BN * HD * 2;
+    static_assert(ROWS % BN == 0, "key tiles must tile the query tile");
+    extern __shared__ uint8_t wgmma_smem[];
+    const uint32_t smem = (smem_addr(wgmma_smem) + 1023u) & ~1023u;
+    const uint32_t q_sm = smem;                     // Q (128 x HD), swizzled
+    const uint32_t do_sm = q_sm + QBYTES;           // dO (128 x HD)
+    const uint32_t k_sm = do_sm + QBYTES;           // S stages x K (BN x HD)
+    const uint32_t v_sm = k_sm + S * TBYTES;        // S stages x V (BN x HD)
+    uint8_t* smem_ptr = wgmma_smem + (smem - smem_addr(wgmma_smem));
+
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, c = 2 * (lane % 4);
+    const int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV);
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * ROWS;  // the longest (last) query tiles are scheduled first
+    const int qwg = q0 + 64 * wg;
+    const int row0 = qwg + 16 * warp + g;  // this thread's queries: row0 and row0 + 8
+    const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
+    const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
+    const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
+
+    const int n_tiles = ceil_div(min(q0 + ROWS, T), BN);  // causal: keys up to the CTA's last query
+    auto issue = [&](int j) {
+        wgmma_load_tile<HD, BN>(k_sm + (j % S) * TBYTES, k_src, stride, j * BN, T);
+        wgmma_load_tile<HD, BN>(v_sm + (j % S) * TBYTES, v_src, stride, j * BN, T);
+    };
+    wgmma_load_tile<HD, ROWS>(q_sm, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
+    wgmma_load_tile<HD, ROWS>(do_sm, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0, T);
+    issue(0);
+    cp_async_commit();
+    if (n_tiles > 1) issue(1);
+    cp_async_commit();
+
+    float lse2[2], D[2];  // rows row0, row0 + 8; finite placeholders past T (never stored)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int q = row0 + 8 * r;
+        lse2[r] = q < T ? lse[(size_t)blockIdx.x * T + q] * ATTN_LOG2E : 0.0f;
+        D[r] = q < T ? delta[(size_t)blockIdx.x * T + q] : 0.0f;
+    }
+    float dq[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dq[i] = 0.0f;
+    uint32_t qa[AREG ? HD / 16 : 1][4], doa[AREG ? HD / 16 : 1][4];  // Q, dO rows as A fragments (AREG)
+
+    for (int j = 0; j < n_tiles; j++) {
+        cp_async_wait<1>();
+        fence_proxy_async_shared();
+        __syncthreads();  // tile j visible to all; everyone is done with tile j - 1, whose stage is refilled next
+        if (j + 2 < n_tiles) issue(j + 2);
+        cp_async_commit();
+        if constexpr (AREG) {
+            if (j == 0) {
+                wgmma_load_a_frags<HD, ROWS>(qa, smem_ptr, wg);
+                wgmma_load_a_frags<HD, ROWS>(doa, smem_ptr + QBYTES, wg);
+            }
+        }
+
+        const int k0 = j * BN;
+        if (k0 > qwg + 63) continue;  // warpgroup-uniform: every key of the tile follows every query
+        const uint32_t k_st = k_sm + (j % S) * TBYTES, v_st = v_sm + (j % S) * TBYTES;
+
+        // S = Q K^T and dP = dO V^T, one commit group each.
+        float s[BN / 2], dp[BN / 2];
+        wgmma_fence();
+        if constexpr (AREG) {
+            wgmma_scores_rs<HD, BN>(s, qa, k_st);
+            wgmma_scores_rs<HD, BN>(dp, doa, v_st);
+        } else {
+            wgmma_scores_ss<HD, ROWS, BN>(s, q_sm, k_st, wg);
+            wgmma_scores_ss<HD, ROWS, BN>(dp, do_sm, v_st, wg);
+        }
+
+        // P. Element i: query row0 + 8 ((i / 2) % 2), key k0 + 8 (i / 4) + c + i % 2. Keys >= T need no test of
+        // their own: they follow every valid query.
+        wgmma_wait_group<1>();
+        pin_registers(s);
+        const bool need_mask = k0 + BN - 1 > qwg;
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) {
+            const int r = (i / 2) % 2;
+            float p = exp2f(fmaf(s[i], scale_log2, -lse2[r]));
+            if (need_mask && k0 + 8 * (i / 4) + c + i % 2 > row0 + 8 * r) p = 0.0f;
+            s[i] = p;
+        }
+        // dS, then dQ += dS K: B = the K tile, MN-major; its k16 slice kk (keys 16 kk ..) starts at row 16 kk.
+        wgmma_wait_group<0>();
+        pin_registers(dp);
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) dp[i] = s[i] * (dp[i] - D[(i / 2) % 2]);
+        uint32_t dsa[BN / 16][4];
+        wgmma_acc_to_a<BN>(dsa, dp);
+        pin_registers(dsa);
+        pin_registers(dq);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            wgmma_bf16_rs(dq, dsa[kk], wgmma_desc_sw128(k_st + 2048 * kk, BN * 128, 1024), 1);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+        pin_registers(dsa);
+        pin_registers(dq);
+    }
+
+    // Each warpgroup read only its own 64 rows of Q: after its last wait they stage its result.
+    wgmma_store_rows<HD, ROWS>(dqkv + (size_t)b * T * stride + (size_t)h * HD, stride, smem_ptr, dq, scale, qwg, T,
+                               wg);
+#else
+    __trap();  // not sm_90a code: never launched (attention_wgmma_usable)
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Host side
+
+
+// True when the kernels of this file can run on the current device: compute capability 9.0 (H100 / H200; wgmma is
+// sm_90a-only, later architectures do not run sm_90a code), and the kernel image the runtime picked is sm_90 machine
+// code (not, say, an sm_80 image or PTX JIT-compiled from an older target, where the bodies are traps). The forward
+// kernel's image stands for all of them: they are compiled together. Cached per device: both queries are host-side,
+// but need not be repeated every layer.
+inline bool attention_wgmma_usable() {
+    static int cached_device = -1;
+    static bool cached_usable = false;
+    int device;
+    cudaCheck(cudaGetDevice(&device));
+    if (device != cached_device) {
+        int major = 0, minor = 0;
+        cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        cached_usable = false;
+        if (major == 9 && minor == 0) {
+            cudaFuncAttributes attr;
+            cudaCheck(cudaFuncGetAttributes(&attr, attention_forward_wgmma_kernel));
+            cached_usable = attr.binaryVersion == 90;
+        }
+        cached_device = device;
+    }
+    return cached_usable;
+}
+
+// The kernels move rows in 16-byte chunks (cp.async loads, int4 stores): row strides are multiples of 8 elements, so
+
+// The wgmma forward (head_dim 128; the caller checked attention_wgmma_usable). Same contract as attention_forward.
+inline void attention_forward_wgmma(floatX* out, float* lse, const floatX* qkv, int B, int T, int n_heads,
+                                    int n_kv_heads, int head_dim, cudaStream_t stream) {
+    attention_check_args("attention_forward_wgmma", B, T, n_heads, n_kv_heads, head_dim);
+    if (head_dim != WGMMA_FWD_HD) {
+        fprintf(stderr, "attention_forward_wgmma: head_dim %d unsupported (%d only)\n", head_dim, WGMMA_FWD_HD);
+        fail_exit();
+    }
+    if (!attention_aligned16({out, qkv})) {
+        fprintf(stderr, "attention_forward_wgmma: tensors must be 16-byte aligned, got out %p qkv %p\n", (void*)out,
+                (const void*)qkv);
+        fail_exit();
+    }
+    static bool smem_set = false;
+    const size_t smem = attention_forward_wgmma_smem_bytes();
+    attention_set_smem(attention_forward_wgmma_kernel, smem, smem_set);
+    const float scale_log2 = ATTN_LOG2E / sqrtf((float)WGMMA_FWD_HD);
+    dim3 grid(B * n_heads, ceil_div(T, WGMMA_ROWS));
+    attention_forward_wgmma_kernel<<<grid, WGMMA_THREADS, smem, stream>>>(out, lse, qkv, T, n_heads, n_kv_heads,
+                                                                          scale_log2);
+    cudaCheckLaunch();
+}
+
+// The wgmma backward at one head dim (D included).
+template <int HD>
+inline void attention_backward_wgmma_hd(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
+                                        const floatX* out, const float* lse, int B, int T, int H, int KV,
+                                        cudaStream_t stream) {
+    static bool dkdv_smem_set = false, dq_smem_set = false;
+    const size_t dkdv_smem = attention_backward_dkdv_wgmma_smem_bytes<HD>();
+    const size_t dq_smem = attention_backward_dq_wgmma_smem_bytes<HD>();
+    attention_set_smem(attention_backward_dkdv_wgmma_kernel<HD>, dkdv_smem, dkdv_smem_set);
+    attention_set_smem(attention_backward_dq_wgmma_kernel<HD>, dq_smem, dq_smem_set);
+    attention_delta(delta, dout, out, B, T, H, HD, stream);
+    const float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * ATTN_LOG2E;
+    dim3 dkdv_grid(B * KV, ceil_div(T, WGMMA_ROWS));
+    attention_backward_dkdv_wgmma_kernel<HD><<<dkdv_grid, WGMMA_THREADS, dkdv_smem, stream>>>(
+        dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    cudaCheckLaunch();
+    dim3 dq_grid(B * H, ceil_div(T, WGMMA_ROWS));
+    attention_backward_dq_wgmma_kernel<HD><<<dq_grid, WGMMA_THREADS, dq_smem, stream>>>(
+        dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    cudaCheckLaunch();
+}
+
+// The wgmma backward (head_dim 64 or 128; the caller checked attention_wgmma_usable). Same contract as
+// attention_backward.
+inline void attention_backward_wgmma(floatX* dqkv, float* delta_scratch, const floatX* dout, const floatX* qkv,
+                                     const floatX* out, const float* lse, int B, int T, int n_heads, int n_kv_heads,
+                                     int head_dim, cudaStream_t stream) {
+    attention_check_args("attention_backward_wgmma", B, T, n_heads, n_kv_heads, head_dim);
+    if (head_dim != 64 && head_dim != 128) {
+        fprintf(stderr, "attention_backward_wgmma: head_dim %d unsupported (64 or 128)\n", head_dim);
+        fail_exit();
+    }
+    if (!attention_aligned16({dqkv, dout, qkv})) {
+        fprintf(stderr, "attention_backward_wgmma: tensors must be 16-byte aligned, got dqkv %p dout %p qkv %p\n",
+                (void*)dqkv, (const void*)dout, (const void*)qkv);
+        fail_exit();
+    }
+    if (head_dim == 64) {
+        attention_backward_wgmma_hd<64>(dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, stream);
+    } else {
+        attention_backward_wgmma_hd<128>(dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, stream);
+    }
+}
+
+#endif  // !ENABLE_FP32

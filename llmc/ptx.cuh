@@ -1,0 +1,233 @@
+// Thin wrappers over the PTX instructions the tensor-core attention kernels use, and their operand conventions.
+//   sm_80 and later: cp.async (global -> shared, asynchronous), ldmatrix, mma.sync m16n8k16 bf16, named barriers.
+//   sm_90a only:     wgmma (warpgroup matrix multiply from shared-memory descriptors) and the async-proxy fence;
+//                    call these only from code compiled for sm_90a (the kernels guard their bodies with
+//                    __CUDA_ARCH_FEAT_SM90_ALL).
+// Every wrapper is one instruction (or one register constraint); names follow the instruction.
+//
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: D (16 x 8 fp32) += A (16 x 16) B (16 x 8), bf16.
+// Fragment ownership (PTX ISA, "Matrix fragments for mma.m16n8k16"), with g = lane / 4 and c = 2 (lane % 4):
+//   A (M x K, row):   a0 = A[g][c, c+1]    a1 = A[g+8][c, c+1]    a2 = A[g][c+8, c+9]    a3 = A[g+8][c+8, c+9]
+//   B (K x N, col):   b0 = B[c, c+1][g]    b1 = B[c+8, c+9][g]
+//   C/D (M x N):      d0, d1 = D[g][c, c+1]                       d2, d3 = D[g+8][c, c+1]
+// Each 32-bit A/B register holds two bf16, the lower column (k) index in the low half (pack_bf16x2).
+// ldmatrix.x4 loads four 8x8 bf16 matrices: lanes 8i .. 8i+7 supply the 8 row addresses of matrix i, and register i
+// of every lane receives element [g][c, c+1] of matrix i (.trans: of its transpose).
+//
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16, issued by a warpgroup (4 consecutive warps, 128 threads):
+// D (64 x N fp32, registers) += A (64 x 16) B (16 x N). B always comes from shared memory through a 64-bit matrix
+// descriptor; A from a descriptor (wgmma_bf16_ss) or from registers (wgmma_bf16_rs). The instruction is
+// asynchronous: wgmma_fence before a batch (accumulator / A registers were written by ordinary instructions),
+// wgmma_commit_group after it, wgmma_wait_group<0> before the results are read (or the A / B sources reused);
+// pin_registers keeps the compiler from moving reads or writes of those registers across these points.
+// Register fragments (PTX ISA, "Register Fragments and Shared Memory Matrix Layouts" for wgmma .m64nNk16): warp w of
+// the warpgroup owns rows 16 w .. 16 w + 15 of D and of a register A; with g = lane / 4, c = 2 (lane % 4):
+//   D: d[4 j + 0, 1] = D[16 w + g][8 j + c, +1]     d[4 j + 2, 3] = D[16 w + g + 8][8 j + c, +1]    (j < N / 8)
+//   A: a0 = A[g][c, c+1]  a1 = A[g+8][c, c+1]  a2 = A[g][c+8, c+9]  a3 = A[g+8][c+8, c+9]  (rows of the warp's slice)
+// i.e. per warp exactly the mma.sync m16n8k16 C and A fragments.
+//
+// Shared-memory layout for wgmma operands: the 128-byte swizzle that the descriptors' swizzle mode 1 reads. A tile of
+// R rows x HD bf16 is stored as HD / 64 "column blocks" of R rows x 128 bytes (64 elements); in a block, the 16-byte
+// chunk ch (< 8) of row r sits at byte r * 128 + 16 (ch ^ (r % 8)) (swizzle128_offset), blocks 1024-byte aligned (the
+// swizzle XORs address bits 4-6 with bits 7-9, so it is a function of the address; the 8-row, 1024-byte atoms must
+// start on 1024-byte boundaries, descriptor base offset 0). Conflict-free for 16-byte cp.async writes (a row's 8
+// chunks hit 8 distinct chunk slots) and for the tensor-core reads. Descriptor fields (PTX ISA "Matrix Descriptor
+// Format"): bits 0-13 start address >> 4, 16-29 leading byte offset (LBO) >> 4, 32-45 stride byte offset (SBO) >> 4,
+// 62-63 swizzle (1: 128 B).
+//   * K-major operands (the reduction index contiguous in a row, e.g. Q as A and K as B of S = Q K^T): SBO = 1024
+//     (from one 8-row group to the next), LBO unused (16). The k16 slice kk starts at column block kk / 4, byte
+//     32 (kk % 4) of row 0: the descriptor start address advances by 32 bytes inside the atom, the hardware applies
+//     the swizzle.
+//   * MN-major operand (the N index contiguous, e.g. V as B of O = P V; "transpose B" = 1): SBO = 1024 (from one
+//     8-row group of k to the next), LBO = R * 128 (from one 64-wide column block to the next). The k16 slice kk
+//     starts at row 16 kk (byte 2048 kk).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+
+// ----------------------------------------------------------------------------------------------------------------
+// Shared-memory addresses and cp.async
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy, asynchronous; src_bytes = 0 writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// 4-byte global -> shared copy (lse, D), asynchronous; src_bytes = 0 writes zero.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// ldmatrix, mma.sync, bf16 packing
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// d += a b, one m16n8k16 bf16 mma with fp32 accumulation.
+__device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> bf16x2 (lo in the low half: the lower column index, as the fragments want).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Named barriers
+
+// Named barriers (id 0 is __syncthreads): bar.sync waits for `count` threads to arrive (itself included);
+// bar.arrive arrives without waiting. Ids may differ per warp (a register), the count must not.
+template <int COUNT>
+__device__ __forceinline__ void named_barrier_sync(int id) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(COUNT) : "memory");
+}
+template <int COUNT>
+__device__ __forceinline__ void named_barrier_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(COUNT) : "memory");
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// wgmma (sm_90a)
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit_group() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait_group() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Ties accumulator registers to this point of the program: the compiler may not move their reads or writes across
+// it (so nothing touches them between the asynchronous wgmma and its wait).
+template <int R>
+__device__ __forceinline__ void pin_registers(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void pin_registers(uint32_t (&a)[R][4]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(a[i][e])::"memory");
+    }
+}
+// Makes this thread's generic-proxy shared-memory writes (cp.async, st.shared) visible to the async proxy (wgmma).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Matrix descriptor, 128-byte swizzle (see the file comment). addr: shared-window byte address.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo & 0x3FFFF) >> 4) << 16 |
+           (uint64_t)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62;
+}
+
+// Byte offset of 16-byte chunk ch (< HD / 8) of row r in a swizzled tile of R rows.
+template <int R>
+__device__ __forceinline__ uint32_t swizzle128_offset(int r, int ch) {
+    return (uint32_t)((ch / 8) * R * 128 + r * 128 + 16 * ((ch % 8) ^ (r % 8)));
+}
+
+// wgmma wrappers. scale_d = 0: D = A B (the accumulator's old contents ignored); 1: D += A B.
+// wgmma_bf16_ss: A (K-major) and B (K-major) from descriptors. wgmma_bf16_rs: A from registers, B MN-major
+// ("transpose B", TRANS_B = 1, the default) or K-major (TRANS_B = 0).
+__device__ __forceinline__ void wgmma_bf16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+template <int TRANS_B = 1>
+__device__ __forceinline__ void wgmma_bf16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
+}
+__device__ __forceinline__ void wgmma_bf16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+template <int TRANS_B = 1>
+__device__ __forceinline__ void wgmma_bf16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
+}
+
