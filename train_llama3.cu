@@ -7,7 +7,7 @@
 //
 // floatX (llmc/cuda_common.h) is the type of parameters, activations and gradients: bf16, or fp32 for the exact
 // tie-out build. The optimizer keeps fp32 m, v and (in bf16 builds) fp32 master weights. Parameters and
-// gradients are each one flat buffer in checkpoint order (llmc/checkpoint.h), viewed through ParamTensors.
+// gradients are each one flat buffer in checkpoint order (llmc/model.h), viewed through ParamTensors.
 //
 // Several GPUs (mpirun -np N ./train_llama3cu ...): data parallel, one process per GPU, each rank a part of every
 // batch; gradients are summed over the ranks while the backward runs, and with -Z 1 or 2 each rank keeps only its
@@ -142,7 +142,7 @@ struct Llama3 {
             ParamLayout layout = param_layout(config);
             layer_grad_size = 0;
             for (int i : shards.layer_slices[0]) layer_grad_size += shards.slices[i].size;
-            size_t head = layout.sizes[0] + layout.sizes[7] + layout.sizes[8];  // embedding, final norm, lm_head
+            size_t head = layout.sizes[TOK_EMBEDDING] + layout.sizes[FINAL_NORM] + layout.sizes[LM_HEAD];
             grads = DeviceBuffer<floatX>(2 * layer_grad_size + head);
         } else {
             grads = DeviceBuffer<floatX>(num_params);
@@ -181,7 +181,7 @@ struct Llama3 {
         float* init_master = sharded() ? whole_master.ptr : master.ptr;
         size_t offset = 0;
         for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-            bool residual_projection = t == 3 || t == 6;  // wo, w2
+            bool residual_projection = t == WO || t == W2;
             float std = !param_is_matrix(t) ? 0.0f : (residual_projection ? residual_std : 0.02f);
             init_tensor(params.ptr + offset, init_master ? init_master + offset : nullptr, layout.sizes[t], std, seed,
                         t, stream);
@@ -391,15 +391,15 @@ struct Llama3 {
     ParamTensors<floatX> layer_grads(int l) {
         ParamTensors<floatX> g = point_params(grads.ptr, config);
         ParamLayout layout = param_layout(config);
-        floatX** per_layer[] = {&g.attn_norm, &g.wqkv, &g.wo, &g.ffn_norm, &g.w13, &g.w2};  // tensors 1..6
         floatX* slot = grads.ptr + (size_t)(l % 2) * layer_grad_size;
-        for (int i = 0; i < 6; i++) {
-            size_t slice = layout.sizes[i + 1] / config.n_layers;
+        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+            if (!param_is_per_layer(t)) continue;
+            size_t slice = layout.sizes[t] / config.n_layers;
             if (zero_stage == 2) {
-                *per_layer[i] = slot;
+                g[t] = slot;
                 slot += slice;
             } else {
-                *per_layer[i] += (size_t)l * slice;
+                g[t] += (size_t)l * slice;
             }
         }
         return g;
@@ -409,10 +409,8 @@ struct Llama3 {
     // main stream has queued so far; `done` (optional) is recorded when they are finished.
     void reduce_gradients(const std::vector<int>& indices, const ParamTensors<floatX>& g, bool accumulate,
                           cudaEvent_t done) {
-        floatX* const tensors[] = {g.tok_embedding, g.attn_norm, g.wqkv, g.wo, g.ffn_norm, g.w13, g.w2,
-                                   g.final_norm, g.lm_head};
         std::vector<floatX*> src;
-        for (int i : indices) src.push_back(tensors[shards.slices[i].tensor]);
+        for (int i : indices) src.push_back(g[shards.slices[i].tensor]);
         cudaCheck(cudaEventRecord(grads_ready, stream));
         cudaCheck(cudaStreamWaitEvent(comm_stream, grads_ready));
         reduce_gradient_slices(shards, indices, src, zero_stage, grad_shard.ptr, accumulate, comm_stream);

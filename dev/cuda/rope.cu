@@ -11,13 +11,13 @@
 //   measured on an NVIDIA H200 (B=8 T=2048 H=32 KV=8 hd=64, bf16): v1 0.114 ms (1477 GB/s forward, 1483 backward),
 //   v2 0.046 / 0.047 ms (3636 / 3562 GB/s): 2.5x, near the HBM bandwidth.
 //
-// The table comes from checkpoint.h's rope_tables (with and without Llama 3.1 scaling), interleaved by
+// The table comes from model.h's rope_tables (with and without Llama 3.1 scaling), interleaved by
 // rope_interleave_tables, exactly as the trainer builds it. T = 13 and B = 3 make n % T wrap at odd places; the table
 // is built for more positions than T to check the documented "longer table works" property.
 //
 // build: make -C dev/cuda bin/rope   run: dev/cuda/bin/rope
 #include "common.h"
-#include "../../llmc/checkpoint.h"
+#include "../../llmc/model.h"
 #include "../../llmc/rope.cuh"
 
 // direction +1: forward rotation, -1: backward (transpose).
