@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../../llmc/cuda_common.h"
+#include "../../llmc/hash.h"
 
 // Tolerance on ||gpu - cpu|| / ||cpu||: fp32 kernels land near 1e-6; bf16 storage (8 mantissa bits, unit roundoff
 // 2^-9 = 2e-3) puts a single rounding at ~1e-3 relative, so 1e-2 leaves room for a few roundings and sums.
@@ -90,8 +91,7 @@ inline std::vector<float> host_from_device(const T* d, size_t n) {
 template <typename T>
 __global__ void fill_uniform_kernel(T* d, size_t n, uint32_t seed, float scale) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 0x9e3779b9u ^ (uint32_t)(i >> 32) * 0x85ebca6bu ^ seed * 0xc2b2ae35u;
-        x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+        uint32_t x = hash32((uint32_t)i * 0x9e3779b9u ^ (uint32_t)(i >> 32) * 0x85ebca6bu ^ seed * 0xc2b2ae35u);
         d[i] = (T)(scale * ((float)(x >> 8) * (2.0f / 16777216.0f) - 1.0f));
     }
 }
