@@ -1,6 +1,7 @@
-// Shared by the dev/cuda microbenchmarks: random inputs, poisoned outputs, validation against a CPU reference by
+// Shared by the dev/cuda microbenchmarks: random inputs, poisoned outputs, validation against the CPU reference by
 // relative error norm, and event timing. Each benchmark includes the llmc/ kernel it tests, so what is validated
-// here is exactly what the trainer runs.
+// here is exactly what the trainer runs; the reference is the layer functions of dev/cpu/llama3_cpu.h (namespace
+// cpu), the same that tie out the whole model against PyTorch.
 #pragma once
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "../../llmc/cuda_common.h"
 #include "../../llmc/hash.h"
+#include "../cpu/llama3_cpu.h"
 
 // Tolerance on ||gpu - cpu|| / ||cpu||: fp32 kernels land near 1e-6; bf16 storage (8 mantissa bits, unit roundoff
 // 2^-9 = 2e-3) puts a single rounding at ~1e-3 relative, so 1e-2 leaves room for a few roundings and sums.
