@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
     };
 
     // forward without gradients: the logits stay in the chunk buffer
-    model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, 0.0f);
+    model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T);
+    model.classifier(ref.B, ref.T, 0.0f);
     float loss = (float)(model.loss_sum(N) / counted);
     std::vector<float> logits = to_host_floats(model.acts.logits.ptr, (size_t)N * c.vocab_size);
     checks.tensor("logits", logits.data(), ref.logits.data(), logits.size(), LOGITS_MAX_REL, LOGITS_REL_NORM);
@@ -104,8 +105,8 @@ int main(int argc, char** argv) {
         model.zero_grad();
         double accum_loss = 0.0;
         for (int b = 0; b < ref.B; b++) {
-            model.forward(ref.inputs.data() + (size_t)b * ref.T, ref.targets.data() + (size_t)b * ref.T, 1, ref.T,
-                          dloss);
+            model.forward(ref.inputs.data() + (size_t)b * ref.T, ref.targets.data() + (size_t)b * ref.T, 1, ref.T);
+            model.classifier(1, ref.T, dloss);
             model.backward(1, ref.T);
             accum_loss += model.loss_sum(ref.T);
         }
@@ -115,7 +116,8 @@ int main(int argc, char** argv) {
 
     // forward + backward: every parameter gradient
     model.zero_grad();
-    model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, dloss);
+    model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T);
+    model.classifier(ref.B, ref.T, dloss);
     model.backward(ref.B, ref.T);
     check_grads("");
 
@@ -123,7 +125,8 @@ int main(int argc, char** argv) {
     for (int step = 1; step <= ref.n_steps; step++) {
         if (step > 1) {
             model.zero_grad();
-            model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T, dloss);
+            model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T);
+            model.classifier(ref.B, ref.T, dloss);
             model.backward(ref.B, ref.T);
         }
         float step_loss = (float)(model.loss_sum(N) / counted);

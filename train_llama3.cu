@@ -7,7 +7,7 @@
 //
 // floatX (llmc/cuda_common.h) is the type of parameters, activations and gradients: bf16, or fp32 for the exact
 // tie-out build. The optimizer keeps fp32 m, v and (in bf16 builds) fp32 master weights. Parameters and
-// gradients are each one flat buffer in checkpoint order (llmc/checkpoint.h), viewed through ParamTensors.
+// gradients are each one flat buffer in checkpoint order (llmc/model.h), viewed through ParamTensors.
 //
 // Several GPUs (mpirun -np N ./train_llama3cu ...): data parallel, one process per GPU, each rank a part of every
 // batch; gradients are summed over the ranks while the backward runs, and with -Z 1 or 2 each rank keeps only its
@@ -71,24 +71,171 @@ struct Activations {
 };
 
 // ----------------------------------------------------------------------------------------------------------------
+// The optimizer: AdamW (llmc/adamw.cuh) and its state for `count` elements in flat parameter order: the whole model,
+// or with a sharded optimizer (ZeRO stage 1 or 2) this rank's shard, its part of every slice back to back
+// (llmc/multi_gpu.cuh). `master` holds fp32 master weights of the bf16 params (absent with -W 0 and in fp32 builds,
+// whose params are fp32 already); the moments m, v are fp32, or bf16 with -O bf16 (stochastically rounded).
+
+// The settings of one AdamW step.
+struct AdamWStep {
+    float lr, beta1, beta2, eps, weight_decay;
+    float grad_scale;   // the gradients are scaled by it: the clipping factor
+    int step;           // 1-based
+    unsigned int seed;  // of the stochastic rounding; tensor t draws its bits from seed + t
+};
+
+// Exits naming the tensor (or, for a rank's shard, the element) if the master weights (which = 0), m (1) or v (2)
+// hold a NaN or Inf.
+static void check_state_finite(const std::vector<float>& values, const Llama3Config& c, int which, const char* path,
+                               const char* action) {
+    NonFinite bad;
+    if (values.size() == param_layout(c).total) {
+        if (!find_non_finite(values.data(), c, &bad)) return;
+    } else {
+        size_t i = 0;
+        while (i < values.size() && std::isfinite(values[i])) i++;
+        if (i == values.size()) return;
+        bad = {"(this rank's shard)", i, values[i]};
+    }
+    const char* names[] = {"master weights", "AdamW m", "AdamW v"};
+    fprintf(stderr, "Error: %s training state '%s': the %s of tensor %s hold a non-finite value (%g) at element %zu\n",
+            action, path, names[which], bad.tensor, bad.value, bad.index);
+    fail_exit();
+}
+
+struct Optimizer {
+    DeviceBuffer<float> master;
+    DeviceBuffer<float> m, v;                    // fp32 moments ...
+    DeviceBuffer<__nv_bfloat16> m_bf16, v_bf16;  // ... or bf16 ones
+    bool use_master = true, bf16_state = false;
+    size_t count = 0;
+
+    void allocate(size_t n) {
+        count = n;
+#if !defined(ENABLE_FP32)
+        if (use_master) master = DeviceBuffer<float>(count);
+#endif
+    }
+    // The moments start at zero.
+    void allocate_moments() {
+        if (bf16_state) {
+            m_bf16 = DeviceBuffer<__nv_bfloat16>(count);
+            v_bf16 = DeviceBuffer<__nv_bfloat16>(count);
+            cudaCheck(cudaMemset(m_bf16.ptr, 0, m_bf16.bytes()));
+            cudaCheck(cudaMemset(v_bf16.ptr, 0, v_bf16.bytes()));
+        } else {
+            m = DeviceBuffer<float>(count);
+            v = DeviceBuffer<float>(count);
+            cudaCheck(cudaMemset(m.ptr, 0, m.bytes()));
+            cudaCheck(cudaMemset(v.ptr, 0, v.bytes()));
+        }
+    }
+
+    // AdamW on n elements of `tensor` (a ParamTensor; the norm gains get no weight decay): params and grads point at
+    // them, their state is at `at`; index_offset is the first element's position within its tensor, so a part
+    // updated on its own draws the same random bits as the whole tensor would.
+    void update(floatX* params, const floatX* grads, size_t at, size_t n, int tensor, const AdamWStep& s,
+                cudaStream_t stream, size_t index_offset = 0) {
+        float wd = param_is_matrix(tensor) ? s.weight_decay : 0.0f;
+        auto update_with = [&](auto* moment1, auto* moment2) {
+            adamw_update(params, master.ptr ? master.ptr + at : nullptr, grads, moment1 + at, moment2 + at, n, s.lr,
+                         s.beta1, s.beta2, s.step, s.eps, wd, s.grad_scale, s.seed + (unsigned int)tensor, stream,
+                         index_offset);
+        };
+        if (bf16_state) update_with(m_bf16.ptr, v_bf16.ptr);
+        else update_with(m.ptr, v.ptr);
+    }
+
+    // The whole model, tensor by tensor.
+    void update_all(floatX* params, const floatX* grads, const Llama3Config& c, const AdamWStep& s,
+                    cudaStream_t stream) {
+        ParamLayout layout = param_layout(c);
+        size_t offset = 0;
+        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+            if (layout.sizes[t] == 0) continue;
+            update(params + offset, grads + offset, offset, layout.sizes[t], t, s, stream);
+            offset += layout.sizes[t];
+        }
+    }
+
+    // A sharded optimizer: this rank's part of every slice, from its gradient shard, group by group in the order the
+    // next forward uses the weights (group 0: the head tensors, group l + 1: layer l). After each group's launches,
+    // group_done(group, its slice indices) lets the caller gather the updated parts.
+    template <typename GroupDone>
+    void update_shard(floatX* params, const floatX* grad_shard, const ShardLayout& shards, const AdamWStep& s,
+                      cudaStream_t stream, GroupDone group_done) {
+        for (int group = 0; group <= (int)shards.layer_slices.size(); group++) {
+            const std::vector<int>& indices = group == 0 ? shards.head_slices : shards.layer_slices[group - 1];
+            for (int i : indices) {
+                const ParamSlice& slice = shards.slices[i];
+                size_t at = shards.shard_offset(slice), part = shards.part(slice);
+                update(params + shards.owned_offset(slice), grad_shard + at, at, part, slice.tensor, s, stream,
+                       slice.tensor_offset + shards.rank * part);
+            }
+            group_done(group, indices);
+        }
+    }
+
+    // The master weights (which = 0), m (1) or v (2) as fp32 on the host, whatever their device precision, and back
+    // (bf16 -> fp32 -> bf16 is exact, so a saved bf16 state restores bit for bit).
+    std::vector<float> to_host(int which) const {
+        std::vector<float> host(count);
+        const DeviceBuffer<float>& fp32 = which == 0 ? master : (which == 1 ? m : v);
+        if (which == 0 || !bf16_state) {
+            cudaCheck(cudaMemcpy(host.data(), fp32.ptr, count * sizeof(float), cudaMemcpyDeviceToHost));
+        } else {
+            std::vector<__nv_bfloat16> raw(count);
+            cudaCheck(cudaMemcpy(raw.data(), (which == 1 ? m_bf16 : v_bf16).ptr, count * 2, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < count; i++) host[i] = __bfloat162float(raw[i]);
+        }
+        return host;
+    }
+    void from_host(int which, const std::vector<float>& host) {
+        DeviceBuffer<float>& fp32 = which == 0 ? master : (which == 1 ? m : v);
+        if (which == 0 || !bf16_state) {
+            cudaCheck(cudaMemcpy(fp32.ptr, host.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+        } else {
+            std::vector<__nv_bfloat16> raw(count);
+            for (size_t i = 0; i < count; i++) raw[i] = __float2bfloat16_rn(host[i]);
+            cudaCheck(cudaMemcpy((which == 1 ? m_bf16 : v_bf16).ptr, raw.data(), count * 2, cudaMemcpyHostToDevice));
+        }
+    }
+
+    // The state as the training state file holds it (see "Training state on disk"): the master weights (if
+    // present), m and v, each `count` fp32 values. Non-finite values are an error naming the file `path`.
+    void save(FILE* fp, const char* path, const Llama3Config& c) const {
+        for (int which = master.ptr ? 0 : 1; which <= 2; which++) {
+            std::vector<float> host = to_host(which);
+            check_state_finite(host, c, which, path, "not writing");
+            fwriteCheck(host.data(), sizeof(float), count, fp, "optimizer state");
+        }
+    }
+    void load(FILE* fp, const char* path, const Llama3Config& c) {
+        std::vector<float> host(count);
+        for (int which = master.ptr ? 0 : 1; which <= 2; which++) {
+            freadCheck(host.data(), sizeof(float), count, fp, "optimizer state");
+            check_state_finite(host, c, which, path, "cannot resume from");
+            from_host(which, host);
+        }
+    }
+};
+
+// ----------------------------------------------------------------------------------------------------------------
 // The model
 
 struct Llama3 {
     Llama3Config config;
     size_t num_params = 0;
     DeviceBuffer<floatX> params, grads;
-    DeviceBuffer<float> master;        // fp32 copy of bf16 params (absent in fp32 builds or with -W 0)
-    DeviceBuffer<float> m, v;          // AdamW moments in fp32 ...
-    DeviceBuffer<__nv_bfloat16> m_bf16, v_bf16;  // ... or in bf16 (-O bf16), stochastically rounded
-    bool use_master = true, bf16_state = false;
-    // Several GPUs (llmc/multi_gpu.cuh). Stage 0: every buffer above is whole. Stage 1: master, m and v hold this
-    // rank's shard (opt_count = num_params / ranks) and grad_shard its part of the summed gradients. Stage 2: also
-    // `grads` is only scratch: two layer-sized buffers that alternate, then the head tensors (embedding, final norm,
-    // lm_head), each reduced as soon as the backward has filled it.
+    Optimizer optimizer;
+    // Several GPUs (llmc/multi_gpu.cuh). Stage 0: every buffer above is whole. Stage 1: the optimizer holds this
+    // rank's shard (optimizer.count = num_params / ranks) and grad_shard its part of the summed gradients. Stage 2:
+    // also `grads` is only scratch: two layer-sized buffers that alternate, then the head tensors (embedding, final
+    // norm, lm_head), each reduced as soon as the backward has filled it.
     int zero_stage = 0;
     bool overlap_reduction = true;
     ShardLayout shards;
-    size_t opt_count = 0, layer_grad_size = 0;
+    size_t layer_grad_size = 0;
     DeviceBuffer<floatX> grad_shard;
     DeviceBuffer<double> reduce_scratch;
     cudaStream_t comm_stream = 0;
@@ -136,33 +283,21 @@ struct Llama3 {
     void allocate_params() {
         num_params = param_layout(config).total;
         setup_ranks();
-        opt_count = sharded() ? shards.shard_size : num_params;
+        size_t opt_count = sharded() ? shards.shard_size : num_params;
         params = DeviceBuffer<floatX>(num_params);
         if (zero_stage == 2) {
             ParamLayout layout = param_layout(config);
             layer_grad_size = 0;
             for (int i : shards.layer_slices[0]) layer_grad_size += shards.slices[i].size;
-            size_t head = layout.sizes[0] + layout.sizes[7] + layout.sizes[8];  // embedding, final norm, lm_head
+            size_t head = layout.sizes[TOK_EMBEDDING] + layout.sizes[FINAL_NORM] + layout.sizes[LM_HEAD];
             grads = DeviceBuffer<floatX>(2 * layer_grad_size + head);
         } else {
             grads = DeviceBuffer<floatX>(num_params);
         }
         if (sharded()) grad_shard = DeviceBuffer<floatX>(opt_count);
-#if !defined(ENABLE_FP32)
-        if (use_master) master = DeviceBuffer<float>(opt_count);
-#endif
+        optimizer.allocate(opt_count);
         cudaCheck(cudaMemset(grads.ptr, 0, grads.bytes()));
-        if (bf16_state) {
-            m_bf16 = DeviceBuffer<__nv_bfloat16>(opt_count);
-            v_bf16 = DeviceBuffer<__nv_bfloat16>(opt_count);
-            cudaCheck(cudaMemset(m_bf16.ptr, 0, m_bf16.bytes()));
-            cudaCheck(cudaMemset(v_bf16.ptr, 0, v_bf16.bytes()));
-        } else {
-            m = DeviceBuffer<float>(opt_count);
-            v = DeviceBuffer<float>(opt_count);
-            cudaCheck(cudaMemset(m.ptr, 0, m.bytes()));
-            cudaCheck(cudaMemset(v.ptr, 0, v.bytes()));
-        }
+        optimizer.allocate_moments();
         std::vector<float> cos_table, sin_table;
         rope_tables(config, config.max_seq_len, &cos_table, &sin_table);
         std::vector<float> table = rope_interleave_tables(cos_table, sin_table);
@@ -176,12 +311,13 @@ struct Llama3 {
         ParamLayout layout = param_layout(c);
         float residual_std = 0.02f / sqrtf(2.0f * c.n_layers);
         // every rank draws the whole model (the same seed: the same weights); a sharded master keeps its parts
+        DeviceBuffer<float>& master = optimizer.master;
         DeviceBuffer<float> whole_master;
         if (master.ptr && sharded()) whole_master = DeviceBuffer<float>(num_params);
         float* init_master = sharded() ? whole_master.ptr : master.ptr;
         size_t offset = 0;
         for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-            bool residual_projection = t == 3 || t == 6;  // wo, w2
+            bool residual_projection = t == WO || t == W2;
             float std = !param_is_matrix(t) ? 0.0f : (residual_projection ? residual_std : 0.02f);
             init_tensor(params.ptr + offset, init_master ? init_master + offset : nullptr, layout.sizes[t], std, seed,
                         t, stream);
@@ -207,6 +343,7 @@ struct Llama3 {
         std::vector<floatX> converted(host.size());
         for (size_t i = 0; i < host.size(); i++) converted[i] = (floatX)host[i];
         cudaCheck(cudaMemcpy(params.ptr, converted.data(), params.bytes(), cudaMemcpyHostToDevice));
+        DeviceBuffer<float>& master = optimizer.master;
         if (master.ptr == nullptr) return;
         if (!sharded()) {
             cudaCheck(cudaMemcpy(master.ptr, host.data(), master.bytes(), cudaMemcpyHostToDevice));
@@ -277,19 +414,18 @@ struct Llama3 {
         embedding_plan.allocate((int)N, c.vocab_size);
     }
 
-    // Forward on (b, t) token ids (b <= B, t <= T): fills the activations and the per-row losses. With dloss != 0
-    // it also starts the backward: each chunk's logits become dlogits (scaled by dloss), and the lm_head matmul's
-    // backward runs right away, so acts.dnorm holds d(lnf) and grads hold the lm_head gradient afterwards.
     // Layer l's slice of a per-layer activation, or the single slice a recomputed buffer holds.
     template <typename T>
     static T* layer_slice(DeviceBuffer<T>& buf, int l, size_t per_layer) {
         return buf.count > per_layer ? buf.ptr + (size_t)l * per_layer : buf.ptr;
     }
 
-    void forward(const int* inputs, const int* targets, int b, int t, float dloss) {
+    // Forward on (b, t) token ids (b <= B, t <= T), up to the final norm: fills the activations, acts.lnf last.
+    // `targets` (optional, for the classifier() that follows) are uploaded with the inputs, before the kernels.
+    void forward(const int* inputs, const int* targets, int b, int t) {
         const Llama3Config& c = config;
         int N = b * t, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, hd = c.head_dim(), QKV = c.qkv_dim();
-        int F = c.ffn_hidden, V = c.vocab_size, L = c.n_layers;
+        int F = c.ffn_hidden, L = c.n_layers;
         size_t NC = (size_t)N * C;
         ParamTensors<floatX> p = point_params(params.ptr, c);
         Activations& a = acts;
@@ -348,9 +484,19 @@ struct Llama3 {
             prof.end();
         }
         gather_pending = false;  // every later use of the weights is queued after these waits
-        if (targets == nullptr) return;
+    }
+
+    // The classifier on the last forward's (b, t) rows, with the targets it uploaded: the logits, chunk by chunk so
+    // the (rows, V) logits never exist for the whole batch, and the per-row losses. With dloss != 0 it also starts
+    // the backward: each chunk's logits become dlogits (scaled by dloss), and the lm_head matmul's backward runs
+    // right away, so acts.dnorm holds d(lnf) and grads hold the lm_head gradient afterwards.
+    void classifier(int b, int t, float dloss) {
+        const Llama3Config& c = config;
+        int N = b * t, C = c.dim, V = c.vocab_size;
+        ParamTensors<floatX> p = point_params(params.ptr, c);
+        Activations& a = acts;
         ParamTensors<floatX> g = head_grads();
-        ProfileScope scope(prof, "classifier (fwd + bwd)");
+        ProfileScope scope(profiler, "classifier (fwd + bwd)");
         for (int row = 0; row < N; row += classifier_chunk) {
             int rows = std::min(classifier_chunk, N - row);
             matmul_forward(a.logits.ptr, a.lnf.ptr + (size_t)row * C, p.lm_head, rows, C, V, stream);
@@ -391,15 +537,15 @@ struct Llama3 {
     ParamTensors<floatX> layer_grads(int l) {
         ParamTensors<floatX> g = point_params(grads.ptr, config);
         ParamLayout layout = param_layout(config);
-        floatX** per_layer[] = {&g.attn_norm, &g.wqkv, &g.wo, &g.ffn_norm, &g.w13, &g.w2};  // tensors 1..6
         floatX* slot = grads.ptr + (size_t)(l % 2) * layer_grad_size;
-        for (int i = 0; i < 6; i++) {
-            size_t slice = layout.sizes[i + 1] / config.n_layers;
+        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+            if (!param_is_per_layer(t)) continue;
+            size_t slice = layout.sizes[t] / config.n_layers;
             if (zero_stage == 2) {
-                *per_layer[i] = slot;
+                g[t] = slot;
                 slot += slice;
             } else {
-                *per_layer[i] += (size_t)l * slice;
+                g[t] += (size_t)l * slice;
             }
         }
         return g;
@@ -409,10 +555,8 @@ struct Llama3 {
     // main stream has queued so far; `done` (optional) is recorded when they are finished.
     void reduce_gradients(const std::vector<int>& indices, const ParamTensors<floatX>& g, bool accumulate,
                           cudaEvent_t done) {
-        floatX* const tensors[] = {g.tok_embedding, g.attn_norm, g.wqkv, g.wo, g.ffn_norm, g.w13, g.w2,
-                                   g.final_norm, g.lm_head};
         std::vector<floatX*> src;
-        for (int i : indices) src.push_back(tensors[shards.slices[i].tensor]);
+        for (int i : indices) src.push_back(g[shards.slices[i].tensor]);
         cudaCheck(cudaEventRecord(grads_ready, stream));
         cudaCheck(cudaStreamWaitEvent(comm_stream, grads_ready));
         reduce_gradient_slices(shards, indices, src, zero_stage, grad_shard.ptr, accumulate, comm_stream);
@@ -421,7 +565,7 @@ struct Llama3 {
         if (!overlap_reduction) cudaCheck(cudaStreamWaitEvent(stream, comm_done));
     }
 
-    // Backward of the last forward(..., dloss != 0); gradients accumulate into `grads`. With `reduce` (several GPUs:
+    // Backward of the last forward and classifier(..., dloss != 0); gradients accumulate into `grads`. With `reduce` (several GPUs:
     // the last micro-batch of a step, or every one with stage 2) each layer's gradients are summed over the ranks
     // as soon as the layer is done, overlapping the layers below; the head tensors go last and are waited for.
     // `accumulate`: stage 2 adds into the gradient shard instead of overwriting it (micro-batches after the first).
@@ -515,7 +659,7 @@ struct Llama3 {
     float grad_norm() {
         ProfileScope scope(profiler, "grad norm");
         if (sharded()) {
-            global_norm_squared(acts.norm_partials.ptr, grad_shard.ptr, opt_count, 0, stream);
+            global_norm_squared(acts.norm_partials.ptr, grad_shard.ptr, optimizer.count, 0, stream);
             all_reduce_sum_device(acts.norm_partials.ptr, global_norm_scratch_floats(1), stream);
         } else {
             global_norm_squared(acts.norm_partials.ptr, grads.ptr, num_params, 0, stream);
@@ -529,92 +673,32 @@ struct Llama3 {
     }
 
     // One AdamW step (step is 1-based) with the gradients scaled by grad_scale; no weight decay on the gains.
+    // Stages 1 and 2: this rank updates its part of every slice (the same arithmetic and random bits as the whole
+    // update), then all ranks exchange their parts. The gathers run on comm_stream, one group at a time as soon as
+    // its parts are updated, and overlap the rest of the update and the next forward (with -Q 0 the main stream
+    // waits for each).
     void update(float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step,
                 unsigned int seed) {
         ProfileScope scope(profiler, "optimizer");
-        if (sharded()) {
-            update_shard(lr, beta1, beta2, eps, weight_decay, grad_scale, step, seed);
+        AdamWStep s{lr, beta1, beta2, eps, weight_decay, grad_scale, step, seed};
+        if (!sharded()) {
+            optimizer.update_all(params.ptr, grads.ptr, config, s, stream);
             return;
         }
-        ParamLayout layout = param_layout(config);
-        size_t offset = 0;
-        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-            if (layout.sizes[t] == 0) continue;
-            float wd = param_is_matrix(t) ? weight_decay : 0.0f;
-            auto update_tensor = [&](auto* moment1, auto* moment2) {
-                adamw_update(params.ptr + offset, master.ptr ? master.ptr + offset : nullptr, grads.ptr + offset,
-                             moment1 + offset, moment2 + offset, layout.sizes[t], lr, beta1, beta2, step, eps, wd,
-                             grad_scale, seed + (unsigned int)t, stream);
-            };
-            if (bf16_state) update_tensor(m_bf16.ptr, v_bf16.ptr);
-            else update_tensor(m.ptr, v.ptr);
-            offset += layout.sizes[t];
-        }
-    }
-
-    // Stages 1 and 2: this rank updates its part of every slice (the same arithmetic and random bits as the whole
-    // update), then all ranks exchange their parts.
-    // The gathers run on comm_stream, one group at a time as soon as its parts are updated, and overlap the rest of
-    // the update and the next forward (with -Q 0 the main stream waits for each).
-    void update_shard(float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step,
-                      unsigned int seed) {
-        for (int group = 0; group <= config.n_layers; group++) {
-            const std::vector<int>& indices = group == 0 ? shards.head_slices : shards.layer_slices[group - 1];
-            for (int i : indices) {
-                const ParamSlice& s = shards.slices[i];
-                size_t at = shards.shard_offset(s), part = shards.part(s);
-                float wd = param_is_matrix(s.tensor) ? weight_decay : 0.0f;
-                auto update_part = [&](auto* moment1, auto* moment2) {
-                    adamw_update(params.ptr + shards.owned_offset(s), master.ptr ? master.ptr + at : nullptr,
-                                 grad_shard.ptr + at, moment1 + at, moment2 + at, part, lr, beta1, beta2, step, eps,
-                                 wd, grad_scale, seed + (unsigned int)s.tensor, stream,
-                                 s.tensor_offset + shards.rank * part);
-                };
-                if (bf16_state) update_part(m_bf16.ptr, v_bf16.ptr);
-                else update_part(m.ptr, v.ptr);
-            }
+        optimizer.update_shard(params.ptr, grad_shard.ptr, shards, s, stream,
+                               [&](int group, const std::vector<int>& indices) {
             cudaCheck(cudaEventRecord(part_updated, stream));
             cudaCheck(cudaStreamWaitEvent(comm_stream, part_updated));
             all_gather_params(shards, indices, params.ptr, comm_stream);
             cudaCheck(cudaEventRecord(params_gathered[group], comm_stream));
             if (!overlap_reduction) cudaCheck(cudaStreamWaitEvent(stream, params_gathered[group]));
-        }
+        });
         gather_pending = overlap_reduction;
     }
 
     // Before the forward uses group g's weights (0: the head tensors, l + 1: layer l): wait for their gather.
     void wait_params_gathered(int group) {
         if (gather_pending) cudaCheck(cudaStreamWaitEvent(stream, params_gathered[group]));
-    }
-
-    // The master weights (which = 0), m (1) or v (2) as fp32 on the host, whatever their device precision, and back
-    // (bf16 -> fp32 -> bf16 is exact, so a saved bf16 state restores bit for bit). opt_count elements: the whole
-    // model, or this rank's shard.
-    std::vector<float> state_to_host(int which) const {
-        size_t num_params = opt_count;
-        std::vector<float> host(num_params);
-        const DeviceBuffer<float>& fp32 = which == 0 ? master : (which == 1 ? m : v);
-        if (which == 0 || !bf16_state) {
-            cudaCheck(cudaMemcpy(host.data(), fp32.ptr, num_params * sizeof(float), cudaMemcpyDeviceToHost));
-        } else {
-            std::vector<__nv_bfloat16> raw(num_params);
-            cudaCheck(cudaMemcpy(raw.data(), (which == 1 ? m_bf16 : v_bf16).ptr, num_params * 2,
-                                 cudaMemcpyDeviceToHost));
-            for (size_t i = 0; i < num_params; i++) host[i] = __bfloat162float(raw[i]);
-        }
-        return host;
-    }
-    void state_from_host(int which, const std::vector<float>& host) {
-        size_t num_params = opt_count;
-        DeviceBuffer<float>& fp32 = which == 0 ? master : (which == 1 ? m : v);
-        if (which == 0 || !bf16_state) {
-            cudaCheck(cudaMemcpy(fp32.ptr, host.data(), num_params * sizeof(float), cudaMemcpyHostToDevice));
-        } else {
-            std::vector<__nv_bfloat16> raw(num_params);
-            for (size_t i = 0; i < num_params; i++) raw[i] = __float2bfloat16_rn(host[i]);
-            cudaCheck(cudaMemcpy((which == 1 ? m_bf16 : v_bf16).ptr, raw.data(), num_params * 2,
-                                 cudaMemcpyHostToDevice));
-        }
     }
 
     // FLOPs of one training step per token: 6 per matmul weight (forward 2, backward 4) plus causal attention,
@@ -648,25 +732,6 @@ static int64_t count_targets(const int* targets, size_t n) {
 // All are written atomically, in this order: the other ranks' state files, then (once every rank has written its
 // own) rank 0's model file and last its state file. So a checkpoint exists, for resuming and for retention, only
 // when rank 0's state file does, and then every file of it is complete.
-
-// Exits naming the tensor (or, for a rank's shard, the element) if the master weights (which = 0), m (1) or v (2)
-// hold a NaN or Inf.
-static void check_state_finite(const std::vector<float>& values, const Llama3Config& c, int which, const char* path,
-                               const char* action) {
-    NonFinite bad;
-    if (values.size() == param_layout(c).total) {
-        if (!find_non_finite(values.data(), c, &bad)) return;
-    } else {
-        size_t i = 0;
-        while (i < values.size() && std::isfinite(values[i])) i++;
-        if (i == values.size()) return;
-        bad = {"(this rank's shard)", i, values[i]};
-    }
-    const char* names[] = {"master weights", "AdamW m", "AdamW v"};
-    fprintf(stderr, "Error: %s training state '%s': the %s of tensor %s hold a non-finite value (%g) at element %zu\n",
-            action, path, names[which], bad.tensor, bad.value, bad.index);
-    fail_exit();
-}
 
 // The exact size of a state file holding opt_count optimizer elements.
 static int64_t state_file_bytes(size_t opt_count, bool has_master) {
@@ -716,15 +781,11 @@ static void check_state_file(const std::string& path, const StateHeader& expecte
 static void write_state_file(const std::string& path, Llama3& model, int step, DataLoader& loader,
                              uint64_t sampler_rng, uint64_t run_id, int64_t tokens_per_step) {
     int32_t h[STATE_HEADER_SLOTS];
-    state_header_pack(state_header_for(model.config, step, model.master.ptr != nullptr, run_id, tokens_per_step,
-                                       model.zero_stage), h);
+    state_header_pack(state_header_for(model.config, step, model.optimizer.master.ptr != nullptr, run_id,
+                                       tokens_per_step, model.zero_stage), h);
     AtomicFile out(path);
     fwriteCheck(h, sizeof(int32_t), STATE_HEADER_SLOTS, out.fp, "state header");
-    for (int which = model.master.ptr ? 0 : 1; which <= 2; which++) {
-        std::vector<float> host = model.state_to_host(which);
-        check_state_finite(host, model.config, which, out.path.c_str(), "not writing");
-        fwriteCheck(host.data(), sizeof(float), model.opt_count, out.fp, "optimizer state");
-    }
+    model.optimizer.save(out.fp, out.path.c_str(), model.config);
     loader.save_state(out.fp);
     fwriteCheck(&sampler_rng, sizeof(sampler_rng), 1, out.fp, "sampler rng");
     out.commit();
@@ -751,12 +812,7 @@ static void load_training_state(const std::string& path, Llama3& model, const St
     check_state_file(path, expected);
     FILE* fp = fopenCheck(path.c_str(), "rb");
     fseekCheck(fp, STATE_HEADER_SLOTS * sizeof(int32_t), SEEK_SET);
-    std::vector<float> host(model.opt_count);
-    for (int which = model.master.ptr ? 0 : 1; which <= 2; which++) {
-        freadCheck(host.data(), sizeof(float), model.opt_count, fp, "optimizer state");
-        check_state_finite(host, model.config, which, path.c_str(), "cannot resume from");
-        model.state_from_host(which, host);
-    }
+    model.optimizer.load(fp, path.c_str(), model.config);
     loader.load_state(fp, path.c_str());
     freadCheck(sampler_rng, sizeof(*sampler_rng), 1, fp, "sampler rng");
     fcloseCheck(fp);
@@ -979,7 +1035,7 @@ static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, 
     ParamTensors<floatX> p = point_params(model.params.ptr, c);
     while ((int)tokens.size() < max_len) {
         int n = (int)tokens.size();
-        model.forward(tokens.data(), nullptr, 1, n, 0.0f);
+        model.forward(tokens.data(), nullptr, 1, n);
         matmul_forward(model.acts.logits.ptr, model.acts.lnf.ptr + (size_t)(n - 1) * c.dim, p.lm_head, 1, c.dim,
                        c.vocab_size, model.stream);
         cudaCheck(cudaMemcpyAsync(logits.data(), model.acts.logits.ptr, c.vocab_size * sizeof(floatX),
@@ -1240,8 +1296,8 @@ int main(int argc, char** argv) {
     // --- the model: from the run's latest training state, from a checkpoint, or from scratch
     Llama3 model;
     cudaCheck(cudaStreamCreate(&model.stream));
-    model.use_master = opt.master_weights != 0;
-    model.bf16_state = strcmp(opt.optimizer_state, "bf16") == 0;
+    model.optimizer.use_master = opt.master_weights != 0;
+    model.optimizer.bf16_state = strcmp(opt.optimizer_state, "bf16") == 0;
     model.zero_stage = zero_stage;
     model.overlap_reduction = opt.overlap_reduction != 0;
     model.recompute = opt.recompute;
@@ -1288,13 +1344,14 @@ int main(int argc, char** argv) {
            (long long)train_loader.total_tokens);
     if (mg.world > 1) {
         printf("multi-GPU: ZeRO stage %d | optimizer state per GPU: %zu of %zu elements | gradient reduction %s\n",
-               model.zero_stage, model.opt_count, model.num_params,
+               model.zero_stage, model.optimizer.count, model.num_params,
                model.overlap_reduction ? "overlapped with the backward (gather: with the forward)"
                                         : "not overlapped (-Q 0)");
     }
     printf("flops/token %.3e (6 x matmul weights + 6 L H hd T causal attention)\n", model.flops_per_token(opt.T));
     printf("memory: recompute level %d, master weights %s, AdamW state %s; mem = device memory in use beyond the CUDA "
-           "context\n", model.recompute, model.master.ptr ? "fp32" : "none", model.bf16_state ? "bf16" : "fp32");
+           "context\n", model.recompute, model.optimizer.master.ptr ? "fp32" : "none",
+           model.optimizer.bf16_state ? "bf16" : "fp32");
 
     LogFile log;  // rank 0 alone writes in the run directory; every rank writes its state files
     if (!out_dir.empty() && mg.rank == 0) {
@@ -1310,7 +1367,8 @@ int main(int argc, char** argv) {
         int64_t counted = 0;  // the mean is over the val targets that count (see count_targets)
         int batches = 0;
         while ((opt.val_batches < 0 || batches < opt.val_batches) && val_loader.next_batch()) {
-            model.forward(val_loader.inputs.data(), val_loader.targets.data(), opt.B, opt.T, 0.0f);
+            model.forward(val_loader.inputs.data(), val_loader.targets.data(), opt.B, opt.T);
+            model.classifier(opt.B, opt.T, 0.0f);
             sum += model.loss_sum(opt.B * opt.T);
             counted += count_targets(val_loader.targets.data(), val_loader.targets.size());
             batches++;
@@ -1346,8 +1404,8 @@ int main(int argc, char** argv) {
         step_targets = (int64_t)all_reduce_sum((double)step_targets, model.reduce_scratch.ptr, model.stream);
         double loss_sum = 0.0;
         for (int micro = 0; micro < grad_accum && step_targets > 0; micro++) {
-            model.forward(micro_inputs[micro].data(), micro_targets[micro].data(), opt.B, opt.T,
-                          1.0f / (float)step_targets);
+            model.forward(micro_inputs[micro].data(), micro_targets[micro].data(), opt.B, opt.T);
+            model.classifier(opt.B, opt.T, 1.0f / (float)step_targets);
             // several GPUs: stages 0 and 1 sum the gradients once they are complete (the last micro-batch),
             // stage 2 every micro-batch into the gradient shard
             bool reduce = mg.world > 1 && (model.zero_stage == 2 || micro == grad_accum - 1);

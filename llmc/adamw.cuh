@@ -17,26 +17,17 @@
 #include <cstdint>
 
 #include "cuda_common.h"
-
-// 32-bit integer mixer (the "lowbias32" finaliser): every input bit affects every output bit.
-__device__ __forceinline__ unsigned int adamw_hash32(unsigned int x) {
-    x ^= x >> 16;
-    x *= 0x7feb352dU;
-    x ^= x >> 15;
-    x *= 0x846ca68bU;
-    x ^= x >> 16;
-    return x;
-}
+#include "hash.h"
 
 // Random bits for stochastic rounding: a stream per (seed, step), mixed once per thread, then one hash per element
 // and use. The index's high half (non-zero only past 2^32 elements) is folded in by a multiply, not a third hash:
 // the optimizer is one of the few memory-bound kernels whose integer work shows (4 hashes per draw made the bf16
 // state path compute-bound).
 __device__ __forceinline__ unsigned int adamw_stream(unsigned int seed, unsigned int step) {
-    return adamw_hash32(adamw_hash32(seed ^ 0x9e3779b9U) ^ step);
+    return hash32(hash32(seed ^ 0x9e3779b9U) ^ step);
 }
 __device__ __forceinline__ unsigned int adamw_random_bits(unsigned int stream, size_t index) {
-    return adamw_hash32(stream ^ (unsigned int)index ^ ((unsigned int)(index >> 32) * 0x9e3779b9U));
+    return hash32(stream ^ (unsigned int)index ^ ((unsigned int)(index >> 32) * 0x9e3779b9U));
 }
 
 // Rounds x to bf16 up or down with probability proportional to its distance to each neighbour: bf16 is the top

@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "hash.h"
 #include "utils.h"
 
 constexpr int SHARD_MAGIC = 20240801;
@@ -56,15 +57,14 @@ constexpr int64_t SHARD_HEADER_BYTES = SHARD_HEADER_INTS * sizeof(int32_t);
 constexpr int64_t DATALOADER_STATE_MAGIC = 20261124;
 constexpr int64_t DATALOADER_STATE_VERSION = 1;
 
-// splitmix64: a tiny, well-mixed 64-bit generator whose whole state is one integer.
+// splitmix64 (llmc/hash.h): a tiny, well-mixed 64-bit generator whose whole state is one integer.
 struct SplitMix64 {
     uint64_t state;
     explicit SplitMix64(uint64_t seed) : state(seed) {}
     uint64_t next() {
-        uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        return z ^ (z >> 31);
+        uint64_t z = splitmix64(state);
+        state += GOLDEN_RATIO_64;
+        return z;
     }
     // Uniform in [0, n), n > 0: draws past the last whole multiple of n are redrawn, so no value is favored.
     uint64_t below(uint64_t n) {

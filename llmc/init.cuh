@@ -11,18 +11,12 @@
 #include <cstdint>
 
 #include "cuda_common.h"
-
-__device__ __forceinline__ uint64_t init_splitmix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
+#include "hash.h"
 
 __global__ void init_normal_kernel(floatX* params, float* master, size_t n, float std, uint64_t stream_seed) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    uint64_t bits = init_splitmix64(stream_seed ^ init_splitmix64(i));
+    uint64_t bits = splitmix64(stream_seed ^ splitmix64(i));
     // two 24-bit uniforms in (0, 1]
     float u1 = ((float)(bits >> 40) + 1.0f) * (1.0f / 16777216.0f);
     float u2 = (float)((bits >> 16) & 0xFFFFFF) * (1.0f / 16777216.0f);

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "cuda_common.h"
+#include "hash.h"
 
 inline void cublas_check(cublasStatus_t status, const char* file, int line) {
     if (status != CUBLAS_STATUS_SUCCESS) {
@@ -129,10 +130,7 @@ __global__ void matmul_hash_kernel(const floatX* d, size_t count, unsigned long 
         unsigned long long bits;
         if constexpr (sizeof(floatX) == 2) bits = *reinterpret_cast<const unsigned short*>(d + i);
         else bits = *reinterpret_cast<const unsigned int*>(d + i);
-        unsigned long long z = (i + 1) * 0x9E3779B97F4A7C15ull;  // splitmix64's finaliser
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        sum += (bits + 1) * ((z ^ (z >> 31)) | 1ull);
+        sum += (bits + 1) * (splitmix64(i * GOLDEN_RATIO_64) | 1ull);
     }
     for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, offset);
     if (threadIdx.x % 32 == 0) atomicAdd(hash, sum);

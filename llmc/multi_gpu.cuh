@@ -6,7 +6,7 @@
 // of its host). A binary started without a launcher runs as one rank and touches neither MPI nor NCCL, so the
 // single-GPU path is the plain trainer. Built with USE_MPI=0 (no MPI or NCCL at hand) only one rank exists.
 //
-// Slices. The flat parameter buffer (llmc/checkpoint.h order) is cut into slices: each layer's part of each per-layer
+// Slices. The flat parameter buffer (ParamTensor order, llmc/model.h) is cut into slices: each layer's part of each per-layer
 // tensor (attn_norm[l], wqkv[l], ...) and the whole of each other tensor (tok_embedding, final_norm, lm_head). A
 // slice of S elements is split into N equal parts (N ranks; S % N == 0 is required) and rank r owns part r,
 // elements [offset + r S/N, offset + (r+1) S/N). A rank's shard is its parts of every slice, back to back in flat
@@ -39,7 +39,7 @@
 #include <thread>
 #include <vector>
 
-#include "checkpoint.h"
+#include "model.h"
 #include "cuda_common.h"
 
 #if defined(USE_MPI)
@@ -216,7 +216,7 @@ inline void all_reduce_sum_device(float* values, size_t count, cudaStream_t stre
 // Slices and shards
 
 struct ParamSlice {
-    int tensor;          // index in ParamLayout
+    int tensor;          // its ParamTensor
     int layer;           // -1 for the tensors outside the layers
     size_t offset;       // in the flat parameter buffer
     size_t size;         // elements; a multiple of the number of ranks

@@ -7,7 +7,7 @@
 //   Value heads are left alone.
 //
 // freqs_cos_sin: fp32 (T, hd/2, 2), {cos, sin} interleaved so one load fetches both (8 bytes for one pair, 16 for
-// two). Build it on the host with rope_interleave_tables() from checkpoint.h's rope_tables(). A table built for more
+// two). Build it on the host with rope_interleave_tables() from model.h's rope_tables(). A table built for more
 // positions (max_seq_len) works for any T up to that, since its row stride (hd floats) does not depend on T.
 //
 // Two kernels, the same math (rope_rotate: fp32 with fixed FMAs, rounded once to floatX per element, so they agree

@@ -72,7 +72,7 @@ def config_shapes(c):
 
 
 def check_config(c, where):
-    """The structural rules of llmc/checkpoint.h config_error that the converter relies on."""
+    """The structural rules of llmc/model.h config_error that the converter relies on."""
     for key in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
         if not isinstance(c[key], int) or c[key] < 1:
             raise ConvertError(f"{where}: {key} = {c[key]!r} is not a positive integer")

@@ -85,7 +85,7 @@ NAMED_CONFIGS = {
 
 def config_from_name(name, depth=0):
     """Named config, or 'dN': dim 64N, N layers, N heads, the largest kv-head count <= N/3 dividing N,
-    FFN 8/3 dim rounded up to 256, no RoPE scaling (the same rule as llmc/checkpoint.h)."""
+    FFN 8/3 dim rounded up to 256, no RoPE scaling (the same rule as llmc/model.h)."""
     if name in NAMED_CONFIGS:
         config = NAMED_CONFIGS[name]
     elif len(name) >= 2 and name[0] == "d" and name[1:].isdigit() and int(name[1:]) >= 1:

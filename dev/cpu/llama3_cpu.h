@@ -1,19 +1,21 @@
-// The CPU reference: Llama 3 forward, cross-entropy loss, backward, gradient clipping and AdamW in plain fp32 C++
-// (dot products accumulate in double). It is the readable spec of the math that the CUDA kernels implement and the
-// oracle they are checked against; it ties out with scripts/train_llama3.py (see dev/cpu/test_llama3_cpu.cpp).
+// The CPU reference: Llama 3 forward, cross-entropy loss, backward, gradient clipping and AdamW in plain C++, fp32
+// in and out, sums and elementwise math in double. It is the readable spec of the math that the CUDA kernels
+// implement and the one oracle they are checked against: the model ties out with scripts/train_llama3.py (see
+// dev/cpu/test_llama3_cpu.cpp), and each dev/cuda/<kernel>.cu checks its kernel against the layer functions below,
+// called with its own shapes.
 //
 // Layouts (row-major; B batch, T time, C dim, H query heads, KV kv heads, hd head dim, F ffn hidden, V vocab):
 //   residual stream (B*T, C); qkv (B*T, (H + 2 KV) hd) with query heads, then key heads, then value heads;
 //   attention output (B*T, H hd); w13 output (B*T, 2F) = [gate | up]; logits (B*T, V).
-// Parameters are one flat fp32 buffer in checkpoint order (llmc/checkpoint.h), gradients the same shape.
+// Parameters are one flat fp32 buffer in ParamTensor order (llmc/model.h), gradients the same shape.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <vector>
 
-#include "../../llmc/checkpoint.h"
-#include "../../llmc/hf_model.h"
+#include "../../llmc/model.h"
 
 namespace cpu {
 
@@ -32,9 +34,8 @@ inline void matmul_forward(float* out, const float* inp, const float* weight, in
     }
 }
 
-// dinp (N, C) = dout @ weight;  dweight (OC, C) += dout^T @ inp
-inline void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                            int N, int C, int OC) {
+// dinp (N, C) = dout (N, OC) @ weight (OC, C)
+inline void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC) {
 #pragma omp parallel for collapse(2)
     for (int n = 0; n < N; n++) {
         for (int c = 0; c < C; c++) {
@@ -43,6 +44,10 @@ inline void matmul_backward(float* dinp, float* dweight, const float* dout, cons
             dinp[(size_t)n * C + c] = (float)sum;
         }
     }
+}
+
+// dweight (OC, C) += dout (N, OC)^T @ inp (N, C)
+inline void matmul_backward_weight(float* dweight, const float* dout, const float* inp, int N, int C, int OC) {
 #pragma omp parallel for collapse(2)
     for (int o = 0; o < OC; o++) {
         for (int c = 0; c < C; c++) {
@@ -53,34 +58,66 @@ inline void matmul_backward(float* dinp, float* dweight, const float* dout, cons
     }
 }
 
+// dinp (N, C) = dout @ weight;  dweight (OC, C) += dout^T @ inp
+inline void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                            int N, int C, int OC) {
+    matmul_backward_input(dinp, dout, weight, N, C, OC);
+    matmul_backward_weight(dweight, dout, inp, N, C, OC);
+}
+
+// out (N, C) = rows tokens[n] of emb (V, C)
+inline void encoder_forward(float* out, const int* tokens, const float* emb, int N, int C) {
+    for (int n = 0; n < N; n++) std::copy_n(emb + (size_t)tokens[n] * C, C, out + (size_t)n * C);
+}
+
+// demb (V, C) += for each row n, dout[n] into row tokens[n]; each token's rows summed in double, in row order, and
+// added with one rounding
+inline void encoder_backward(float* demb, const int* tokens, const float* dout, int N, int C) {
+    std::vector<int> order(N);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tokens[a] < tokens[b]; });
+    std::vector<double> acc(C);
+    for (int i = 0; i < N;) {
+        int token = tokens[order[i]];
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (; i < N && tokens[order[i]] == token; i++)
+            for (int c = 0; c < C; c++) acc[c] += dout[(size_t)order[i] * C + c];
+        float* row = demb + (size_t)token * C;
+        for (int c = 0; c < C; c++) row[c] = (float)(row[c] + acc[c]);
+    }
+}
+
 // out = x * rstd * weight with rstd = 1 / sqrt(mean(x^2) + eps), per row
 inline void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps) {
     for (int n = 0; n < N; n++) {
         const float* x = inp + (size_t)n * C;
         double ss = 0.0;
         for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
-        float r = (float)(1.0 / sqrt(ss / C + eps));
-        for (int c = 0; c < C; c++) out[(size_t)n * C + c] = x[c] * r * weight[c];
-        rstd[n] = r;
+        double r = 1.0 / sqrt(ss / C + eps);
+        for (int c = 0; c < C; c++) out[(size_t)n * C + c] = (float)(x[c] * r * weight[c]);
+        rstd[n] = (float)r;
     }
 }
 
 // dinp += rstd * (dxhat - xhat * mean(dxhat * xhat)) with xhat = x * rstd, dxhat = dout * weight;
-// dweight += sum over rows of dout * xhat
+// dweight += sum over rows of dout * xhat (summed in double, added with one rounding)
 inline void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                              const float* rstd, int N, int C) {
+    std::vector<double> dweight_sum(C, 0.0);
     for (int n = 0; n < N; n++) {
         const float* x = inp + (size_t)n * C;
         const float* dy = dout + (size_t)n * C;
-        double dot = 0.0;
-        for (int c = 0; c < C; c++) dot += (double)dy[c] * weight[c] * x[c] * rstd[n];
-        float mean_dot = (float)(dot / C);
+        double r = rstd[n], dot = 0.0;
+        for (int c = 0; c < C; c++) dot += (double)dy[c] * weight[c] * (x[c] * r);
+        double mean_dot = dot / C;
         for (int c = 0; c < C; c++) {
-            float xhat = x[c] * rstd[n];
-            dinp[(size_t)n * C + c] += rstd[n] * (dy[c] * weight[c] - xhat * mean_dot);
-            dweight[c] += dy[c] * xhat;
+            double xhat = x[c] * r;
+            float* dx = dinp + (size_t)n * C + c;
+            *dx = (float)(*dx + r * ((double)dy[c] * weight[c] - xhat * mean_dot));
+            dweight_sum[c] += (double)dy[c] * xhat;
         }
     }
+    for (int c = 0; c < C; c++) dweight[c] = (float)(dweight[c] + dweight_sum[c]);
 }
 
 // In place on the query and key heads of qkv: each interleaved pair (x0, x1) of a head at position t is rotated by
@@ -93,12 +130,12 @@ inline void rope(float* qkv, const std::vector<float>& cos_table, const std::vec
             float* row = qkv + ((size_t)b * T + t) * qkv_dim;
             for (int head = 0; head < n_heads + n_kv_heads; head++) {
                 for (int i = 0; i < half; i++) {
-                    float c = cos_table[(size_t)t * half + i];
-                    float s = inverse ? -sin_table[(size_t)t * half + i] : sin_table[(size_t)t * half + i];
+                    double c = cos_table[(size_t)t * half + i];
+                    double s = inverse ? -sin_table[(size_t)t * half + i] : sin_table[(size_t)t * half + i];
                     float* pair = row + head * head_dim + 2 * i;
-                    float x0 = pair[0], x1 = pair[1];
-                    pair[0] = x0 * c - x1 * s;
-                    pair[1] = x0 * s + x1 * c;
+                    double x0 = pair[0], x1 = pair[1];
+                    pair[0] = (float)(x0 * c - x1 * s);
+                    pair[1] = (float)(x0 * s + x1 * c);
                 }
             }
         }
@@ -181,14 +218,14 @@ inline void attention_backward(float* dqkv, const float* dout, const float* qkv,
     }
 }
 
-inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+inline double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
 // out (N, F) = silu(gate) * up, where inp (N, 2F) holds [gate | up] per row
 inline void swiglu_forward(float* out, const float* inp, int N, int F) {
     for (int n = 0; n < N; n++) {
         for (int i = 0; i < F; i++) {
-            float gate = inp[(size_t)n * 2 * F + i], up = inp[(size_t)n * 2 * F + F + i];
-            out[(size_t)n * F + i] = gate * sigmoid(gate) * up;
+            double gate = inp[(size_t)n * 2 * F + i], up = inp[(size_t)n * 2 * F + F + i];
+            out[(size_t)n * F + i] = (float)(gate * sigmoid(gate) * up);
         }
     }
 }
@@ -197,37 +234,65 @@ inline void swiglu_forward(float* out, const float* inp, int N, int F) {
 inline void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F) {
     for (int n = 0; n < N; n++) {
         for (int i = 0; i < F; i++) {
-            float gate = inp[(size_t)n * 2 * F + i], up = inp[(size_t)n * 2 * F + F + i];
-            float sig = sigmoid(gate), dy = dout[(size_t)n * F + i];
-            dinp[(size_t)n * 2 * F + i] = dy * up * sig * (1.0f + gate * (1.0f - sig));
-            dinp[(size_t)n * 2 * F + F + i] = dy * gate * sig;
+            double gate = inp[(size_t)n * 2 * F + i], up = inp[(size_t)n * 2 * F + F + i];
+            double sig = sigmoid(gate), dy = dout[(size_t)n * F + i];
+            dinp[(size_t)n * 2 * F + i] = (float)(dy * up * sig * (1.0 + gate * (1.0 - sig)));
+            dinp[(size_t)n * 2 * F + F + i] = (float)(dy * gate * sig);
         }
     }
 }
 
-// Mean cross-entropy over the rows whose target counts: a target of -1 is masked (a loss mask), adds no loss and
-// gets zero dlogits. With `count` counted rows, dlogits = (softmax - onehot(target)) / count; with none the loss is
-// NaN (0 / 0, as PyTorch's cross_entropy with ignore_index gives).
+// One row of the cross-entropy: returns logsumexp(logits) - logits[target] and sets dlogits (V) =
+// (softmax - onehot(target)) * dloss. A target of -1 is masked (a loss mask): loss 0, dlogits 0.
+inline double cross_entropy_row(float* dlogits, const float* logits, int target, int V, double dloss) {
+    if (target < 0) {
+        std::fill(dlogits, dlogits + V, 0.0f);
+        return 0.0;
+    }
+    double maxval = -INFINITY, sum = 0.0;
+    for (int v = 0; v < V; v++) maxval = fmax(maxval, logits[v]);
+    for (int v = 0; v < V; v++) sum += exp((double)logits[v] - maxval);
+    for (int v = 0; v < V; v++) {
+        double p = exp((double)logits[v] - maxval) / sum;
+        dlogits[v] = (float)((p - (v == target ? 1.0 : 0.0)) * dloss);
+    }
+    return log(sum) + maxval - logits[target];
+}
+
+// Mean cross-entropy over the rows whose target counts. With `count` counted rows, dlogits = (softmax -
+// onehot(target)) / count; with none the loss is NaN (0 / 0, as PyTorch's cross_entropy with ignore_index gives).
 inline float cross_entropy(float* dlogits, const float* logits, const int* targets, int N, int V) {
     double total = 0.0;
     int count = 0;
     for (int n = 0; n < N; n++) count += targets[n] >= 0;
-    for (int n = 0; n < N; n++) {
-        const float* row = logits + (size_t)n * V;
-        if (targets[n] < 0) {
-            std::fill(dlogits + (size_t)n * V, dlogits + (size_t)(n + 1) * V, 0.0f);
-            continue;
-        }
-        double maxval = -INFINITY, sum = 0.0;
-        for (int v = 0; v < V; v++) maxval = fmax(maxval, row[v]);
-        for (int v = 0; v < V; v++) sum += exp((double)row[v] - maxval);
-        total += log(sum) + maxval - row[targets[n]];
-        for (int v = 0; v < V; v++) {
-            double p = exp((double)row[v] - maxval) / sum;
-            dlogits[(size_t)n * V + v] = (float)((p - (v == targets[n] ? 1.0 : 0.0)) / count);
-        }
-    }
+    for (int n = 0; n < N; n++)
+        total += cross_entropy_row(dlogits + (size_t)n * V, logits + (size_t)n * V, targets[n], V, 1.0 / count);
     return count > 0 ? (float)(total / count) : NAN;
+}
+
+// sum of x^2 over n values (the global gradient norm is its square root)
+inline double sum_squares(const float* x, size_t n) {
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    return ss;
+}
+
+// One AdamW step (torch.optim.AdamW semantics, decoupled weight decay) on n values in place: g = grad * grad_scale,
+// p *= 1 - lr wd, m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, p -= lr / (1 - b1^t) * m / (sqrt(v) /
+// sqrt(1 - b2^t) + eps), with t = step (1-based). Math in double, one rounding per stored value.
+inline void adamw_update(float* p, float* m, float* v, const float* grad, size_t n, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, float grad_scale, int step) {
+    double bc1 = 1.0 - pow((double)beta1, step), bc2 = 1.0 - pow((double)beta2, step);
+    for (size_t i = 0; i < n; i++) {
+        double g = (double)grad[i] * grad_scale;
+        double mi = beta1 * (double)m[i] + (1.0 - beta1) * g;
+        double vi = beta2 * (double)v[i] + (1.0 - beta2) * g * g;
+        double pi = p[i] * (1.0 - (double)lr * weight_decay);
+        pi -= lr / bc1 * mi / (sqrt(vi) / sqrt(bc2) + eps);
+        p[i] = (float)pi;
+        m[i] = (float)mi;
+        v[i] = (float)vi;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -247,8 +312,7 @@ struct Model {
     std::vector<float> logits, dlogits, cos_table, sin_table;
     std::vector<int> inputs, targets;
 
-    explicit Model(const char* checkpoint_path) {
-        params = load_model_fp32(checkpoint_path, &config);  // our .bin or a HF directory
+    Model(std::vector<float> parameters, const Llama3Config& c) : config(c), params(std::move(parameters)) {
         grads.assign(params.size(), 0.0f);
         m.assign(params.size(), 0.0f);
         v.assign(params.size(), 0.0f);
@@ -272,8 +336,7 @@ struct Model {
         rope_tables(c, T, &cos_table, &sin_table);
         ParamTensors<float> p = point_params(params.data(), c);
 
-        for (int n = 0; n < N; n++)
-            std::copy_n(p.tok_embedding + (size_t)in[n] * C, C, residual.data() + (size_t)n * C);
+        encoder_forward(residual.data(), in, p.tok_embedding, N, C);
         std::vector<float> proj(NC);
         for (int l = 0; l < L; l++) {
             float* x = residual.data() + l * NC;
@@ -336,20 +399,13 @@ struct Model {
             rmsnorm_backward(dresidual.data(), g.attn_norm + (size_t)l * C, dnorm.data(), residual.data() + l * NC,
                              p.attn_norm + (size_t)l * C, rstd1.data() + (size_t)l * N, N, C);
         }
-        for (int n = 0; n < N; n++) {
-            float* row = g.tok_embedding + (size_t)inputs[n] * C;
-            for (int i = 0; i < C; i++) row[i] += dresidual[(size_t)n * C + i];
-        }
+        encoder_backward(g.tok_embedding, inputs.data(), dresidual.data(), N, C);
     }
 
     void zero_grad() { std::fill(grads.begin(), grads.end(), 0.0f); }
 
     // Global L2 norm of the gradients, before clipping.
-    float grad_norm() const {
-        double ss = 0.0;
-        for (float x : grads) ss += (double)x * x;
-        return (float)sqrt(ss);
-    }
+    float grad_norm() const { return (float)sqrt(sum_squares(grads.data(), grads.size())); }
 
     // Clips the gradients to a global norm of hp.grad_clip (as torch.nn.utils.clip_grad_norm_ does), then takes one
     // AdamW step with decoupled weight decay on the 2-D tensors only. Returns the pre-clip norm.
@@ -357,19 +413,12 @@ struct Model {
         float norm = grad_norm();
         float clip = hp.grad_clip > 0.0f ? std::min(1.0f, hp.grad_clip / (norm + 1e-6f)) : 1.0f;
         step++;
-        float bias1 = 1.0f - powf(hp.beta1, (float)step), bias2 = 1.0f - powf(hp.beta2, (float)step);
         ParamLayout layout = param_layout(config);
         size_t offset = 0;
         for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
             float wd = param_is_matrix(t) ? hp.weight_decay : 0.0f;
-            for (size_t i = offset; i < offset + layout.sizes[t]; i++) {
-                float grad = grads[i] * clip;
-                m[i] = hp.beta1 * m[i] + (1.0f - hp.beta1) * grad;
-                v[i] = hp.beta2 * v[i] + (1.0f - hp.beta2) * grad * grad;
-                float denom = sqrtf(v[i]) / sqrtf(bias2) + hp.eps;
-                params[i] -= hp.lr * wd * params[i];
-                params[i] -= (hp.lr / bias1) * m[i] / denom;
-            }
+            adamw_update(params.data() + offset, m.data() + offset, v.data() + offset, grads.data() + offset,
+                         layout.sizes[t], hp.lr, hp.beta1, hp.beta2, hp.eps, wd, clip, step);
             offset += layout.sizes[t];
         }
         return norm;

@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "../../llmc/debug_state.h"
+#include "../../llmc/hf_model.h"
 #include "llama3_cpu.h"
 
 constexpr double MAX_REL_TOL = 1e-4, REL_NORM_TOL = 1e-5;
@@ -21,7 +22,9 @@ int main(int argc, char** argv) {
         fprintf(stderr, "usage: %s model.bin debug.bin\n", argv[0]);
         return 2;
     }
-    cpu::Model model(argv[1]);
+    Llama3Config config;
+    std::vector<float> params = load_model_fp32(argv[1], &config);  // our .bin or a Hugging Face directory
+    cpu::Model model(std::move(params), config);
     DebugState ref = load_debug_state(argv[2], model.config);
     const Llama3Config& c = model.config;
     printf("model %s: V=%d C=%d L=%d H=%d KV=%d F=%d tied=%d rope_scaling=%d | B=%d T=%d steps=%d\n", argv[1],

@@ -1,6 +1,7 @@
-// Shared by the dev/cuda microbenchmarks: random inputs, poisoned outputs, validation against a CPU reference by
+// Shared by the dev/cuda microbenchmarks: random inputs, poisoned outputs, validation against the CPU reference by
 // relative error norm, and event timing. Each benchmark includes the llmc/ kernel it tests, so what is validated
-// here is exactly what the trainer runs.
+// here is exactly what the trainer runs; the reference is the layer functions of dev/cpu/llama3_cpu.h (namespace
+// cpu), the same that tie out the whole model against PyTorch.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "../../llmc/cuda_common.h"
+#include "../../llmc/hash.h"
+#include "../cpu/llama3_cpu.h"
 
 // Tolerance on ||gpu - cpu|| / ||cpu||: fp32 kernels land near 1e-6; bf16 storage (8 mantissa bits, unit roundoff
 // 2^-9 = 2e-3) puts a single rounding at ~1e-3 relative, so 1e-2 leaves room for a few roundings and sums.
@@ -90,8 +93,7 @@ inline std::vector<float> host_from_device(const T* d, size_t n) {
 template <typename T>
 __global__ void fill_uniform_kernel(T* d, size_t n, uint32_t seed, float scale) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 0x9e3779b9u ^ (uint32_t)(i >> 32) * 0x85ebca6bu ^ seed * 0xc2b2ae35u;
-        x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+        uint32_t x = hash32((uint32_t)i * 0x9e3779b9u ^ (uint32_t)(i >> 32) * 0x85ebca6bu ^ seed * 0xc2b2ae35u);
         d[i] = (T)(scale * ((float)(x >> 8) * (2.0f / 16777216.0f) - 1.0f));
     }
 }

@@ -1,5 +1,5 @@
 // Token embedding forward (gather) and deterministic backward (scatter-add by a host-built plan), validated against
-// a CPU reference and timed.
+// the CPU reference (dev/cpu/llama3_cpu.h) and timed.
 //
 //   forward:  out[n, :] = emb[tokens[n], :]
 //   backward: d_emb[v, :] += sum_{n : tokens[n] = v} dout[n, :]          (accumulates onto existing values)
@@ -13,21 +13,6 @@
 
 #include "common.h"
 #include "../../llmc/encoder.cuh"
-
-static void cpu_encoder_forward(std::vector<float>& out, const std::vector<int>& tokens, const std::vector<float>& emb,
-                                int N, int C) {
-    for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++) out[(size_t)n * C + c] = emb[(size_t)tokens[n] * C + c];
-}
-
-// d_emb is updated in place; sums in double, one rounding of the total.
-static void cpu_encoder_backward(std::vector<float>& d_emb, const std::vector<int>& tokens,
-                                 const std::vector<float>& dout, int N, int V, int C) {
-    std::vector<double> acc((size_t)V * C, 0.0);
-    for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++) acc[(size_t)tokens[n] * C + c] += dout[(size_t)n * C + c];
-    for (size_t i = 0; i < acc.size(); i++) d_emb[i] = (float)(d_emb[i] + acc[i]);
-}
 
 static void test_case(int N, int V, int C, uint64_t seed) {
     printf("N=%d V=%d C=%d\n", N, V, C);
@@ -46,7 +31,7 @@ static void test_case(int N, int V, int C, uint64_t seed) {
 
     // forward: an exact copy, so any difference at all is a bug
     std::vector<float> ref((size_t)N * C);
-    cpu_encoder_forward(ref, tokens, emb, N, C);
+    cpu::encoder_forward(ref.data(), tokens.data(), emb.data(), N, C);
     poison(d_out, (size_t)N * C * sizeof(floatX));
     encoder_forward(d_out, d_tokens, d_embw, N, C, 0);
     cudaCheck(cudaDeviceSynchronize());
@@ -63,7 +48,7 @@ static void test_case(int N, int V, int C, uint64_t seed) {
     encoder_backward(d_grad_b, d_dout, plan, C, 0);
     cudaCheck(cudaDeviceSynchronize());
     std::vector<float> ref_grad = d_emb0;
-    cpu_encoder_backward(ref_grad, tokens, dout, N, V, C);
+    cpu::encoder_backward(ref_grad.data(), tokens.data(), dout.data(), N, C);
     validate("backward (accumulate)", host_from_device(d_grad_a, (size_t)V * C), ref_grad);
     validate_bitwise("backward determinism", d_grad_a, d_grad_b, (size_t)V * C);
 

@@ -1,5 +1,5 @@
-// Fused softmax + cross-entropy + dlogits (in place on floatX logits), validated against a CPU reference in double
-// and timed.
+// Fused softmax + cross-entropy + dlogits (in place on floatX logits), validated against the CPU reference
+// (cpu::cross_entropy_row in dev/cpu/llama3_cpu.h) and timed.
 //
 //   losses[n] = logsumexp(x[n, :]) - x[n, target[n]]        (0 where target < 0)
 //   dlogits[n, :] = (softmax(x[n, :]) - onehot(target[n])) * dloss       (0 where target < 0)
@@ -13,26 +13,6 @@
 #include "common.h"
 #include "../../llmc/fused_classifier.cuh"
 
-static void cpu_classifier(std::vector<float>& losses, std::vector<float>& dlogits, const std::vector<float>& logits,
-                           const std::vector<int>& targets, float dloss, int N, int V) {
-    for (int n = 0; n < N; n++) {
-        const float* x = &logits[(size_t)n * V];
-        float* d = &dlogits[(size_t)n * V];
-        int t = targets[n];
-        if (t < 0) {
-            losses[n] = 0.0f;
-            for (int i = 0; i < V; i++) d[i] = 0.0f;
-            continue;
-        }
-        double m = x[0];
-        for (int i = 1; i < V; i++) m = std::max(m, (double)x[i]);
-        double s = 0.0;
-        for (int i = 0; i < V; i++) s += std::exp(x[i] - m);
-        losses[n] = (float)(std::log(s) + m - x[t]);
-        for (int i = 0; i < V; i++) d[i] = (float)((std::exp(x[i] - m) / s - (i == t ? 1.0 : 0.0)) * dloss);
-    }
-}
-
 // ignore_every: every ignore_every-th row (from row 2, or from row 0 when 1: all rows) has target -1
 static void test_case(int N, int V, uint64_t seed, int ignore_every = 5) {
     printf("N=%d V=%d, target -1 every %d rows\n", N, V, ignore_every);
@@ -44,7 +24,9 @@ static void test_case(int N, int V, uint64_t seed, int ignore_every = 5) {
     for (int t : targets) counted += t >= 0;
     float dloss = 1.0f / std::max(counted, 1);
     std::vector<float> ref_loss(N), ref_dlogits(NV);
-    cpu_classifier(ref_loss, ref_dlogits, logits, targets, dloss, N, V);
+    for (int n = 0; n < N; n++)
+        ref_loss[n] = (float)cpu::cross_entropy_row(&ref_dlogits[(size_t)n * V], &logits[(size_t)n * V], targets[n], V,
+                                                    dloss);
 
     int* d_targets;
     cudaCheck(cudaMalloc(&d_targets, N * sizeof(int)));

@@ -10,12 +10,6 @@
 #include "common.h"
 #include "../../llmc/global_norm.cuh"
 
-static double cpu_sum_sq(const std::vector<float>& v, size_t offset, size_t count) {
-    double s = 0.0;
-    for (size_t i = offset; i < offset + count; i++) s += (double)v[i] * v[i];
-    return s;
-}
-
 // One buffer of `total` elements; tensors are (offset, count) pieces of it, each summed in its own slot.
 static void test_case(const char* name, size_t total, const std::vector<std::pair<size_t, size_t>>& pieces,
                       uint64_t seed) {
@@ -28,7 +22,7 @@ static void test_case(const char* name, size_t total, const std::vector<std::pai
     float* d_norm;
     cudaCheck(cudaMalloc(&d_norm, 2 * sizeof(float)));
     double ref = 0.0;
-    for (auto& p : pieces) ref += cpu_sum_sq(v, p.first, p.second);
+    for (auto& p : pieces) ref += cpu::sum_squares(v.data() + p.first, p.second);
     ref = std::sqrt(ref);
     for (int run = 0; run < 2; run++) {
         poison(d_partials, global_norm_scratch_floats(n_slots) * sizeof(float));  // every used slot gets written

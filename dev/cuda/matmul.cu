@@ -4,7 +4,7 @@
 //   backward  dinp (N, C)      = dout (N, OC) @ weight (OC, C)     overwrite (skipped for nullptr)
 //             dweight (OC, C) += dout (N, OC)^T @ inp (N, C)       accumulate (skipped for nullptr)
 //
-// The CPU reference accumulates in fp64 over inputs rounded through floatX. The fp32 build must match to ~1e-6,
+// The CPU reference (dev/cpu/llama3_cpu.h) accumulates in fp64 over inputs rounded through floatX. The fp32 build must match to ~1e-6,
 // which also proves TF32 is off (TF32 would miss by ~1e-3). Version 1 is llmc/matmul.cuh.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] matmul.cu -lcublasLt -lcublas
@@ -16,44 +16,20 @@
 #include "../../llmc/matmul.cuh"
 
 // ---------------------------------------------------------------------------------------------------------------
-// CPU reference. `rows` restricts the output rows computed (out, dinp: rows of N; dweight: rows of OC); the others
-// are left at zero and not compared.
+// CPU reference (dev/cpu/llama3_cpu.h), on the output rows checked: `rows` of out and dinp (rows of N), `o_rows` of
+// dweight (rows of OC). The others are left at zero and not compared.
 
-static void matmul_forward_cpu(std::vector<float>& out, const std::vector<float>& inp, const std::vector<float>& w,
-                               int C, int OC, const std::vector<int>& rows) {
+static void reference_rows(std::vector<float>& out, std::vector<float>& dinp, std::vector<float>& dweight_prod,
+                           const std::vector<float>& inp, const std::vector<float>& w, const std::vector<float>& dout,
+                           int N, int C, int OC, const std::vector<int>& rows, const std::vector<int>& o_rows) {
     for (int n : rows) {
-        for (int o = 0; o < OC; o++) {
-            double acc = 0.0;
-            for (int c = 0; c < C; c++) acc += (double)inp[(size_t)n * C + c] * w[(size_t)o * C + c];
-            out[(size_t)n * OC + o] = (float)acc;
-        }
+        cpu::matmul_forward(&out[(size_t)n * OC], &inp[(size_t)n * C], w.data(), 1, C, OC);
+        cpu::matmul_backward_input(&dinp[(size_t)n * C], &dout[(size_t)n * OC], w.data(), 1, C, OC);
     }
-}
-
-static void matmul_dinp_cpu(std::vector<float>& dinp, const std::vector<float>& dout, const std::vector<float>& w,
-                            int C, int OC, const std::vector<int>& rows) {
-    std::vector<double> acc(C);
-    for (int n : rows) {
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int o = 0; o < OC; o++) {
-            const double g = dout[(size_t)n * OC + o];
-            for (int c = 0; c < C; c++) acc[c] += g * w[(size_t)o * C + c];
-        }
-        for (int c = 0; c < C; c++) dinp[(size_t)n * C + c] = (float)acc[c];
-    }
-}
-
-// dweight_prod[o] = sum_n dout[n][o] inp[n]   (the product alone; the test adds the initial value)
-static void matmul_dweight_cpu(std::vector<double>& prod, const std::vector<float>& dout,
-                               const std::vector<float>& inp, int N, int C, int OC, const std::vector<int>& rows) {
-    std::vector<double> acc(C);
-    for (int o : rows) {
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int n = 0; n < N; n++) {
-            const double g = dout[(size_t)n * OC + o];
-            for (int c = 0; c < C; c++) acc[c] += g * inp[(size_t)n * C + c];
-        }
-        std::copy(acc.begin(), acc.end(), prod.begin() + (size_t)o * C);
+    std::vector<float> dout_column(N);  // dweight row o sums over column o of dout
+    for (int o : o_rows) {
+        for (int n = 0; n < N; n++) dout_column[n] = dout[(size_t)n * OC + o];
+        cpu::matmul_backward_weight(&dweight_prod[(size_t)o * C], dout_column.data(), inp.data(), N, C, 1);
     }
 }
 
@@ -109,13 +85,11 @@ static void validate_shape(int version, int N, int C, int OC, uint64_t seed, int
     }
 
     std::vector<float> out_ref(n_out), dinp_ref(n_inp), dw_ref1(n_w), dw_ref2(n_w);
-    std::vector<double> dw_prod(n_w, 0.0);
-    matmul_forward_cpu(out_ref, inp, w, C, OC, n_rows);
-    matmul_dinp_cpu(dinp_ref, dout, w, C, OC, n_rows);
-    matmul_dweight_cpu(dw_prod, dout, inp, N, C, OC, o_rows);
+    std::vector<float> dw_prod(n_w, 0.0f);  // the product alone; the references add the initial value
+    reference_rows(out_ref, dinp_ref, dw_prod, inp, w, dout, N, C, OC, n_rows, o_rows);
     for (size_t i = 0; i < n_w; i++) {  // after one and after two accumulating calls
-        dw_ref1[i] = (float)(dw_init[i] + dw_prod[i]);
-        dw_ref2[i] = (float)(dw_init[i] + 2.0 * dw_prod[i]);
+        dw_ref1[i] = (float)((double)dw_init[i] + dw_prod[i]);
+        dw_ref2[i] = (float)((double)dw_init[i] + 2.0 * dw_prod[i]);
     }
 
     floatX *d_out, *d_dinp;

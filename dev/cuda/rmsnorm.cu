@@ -1,5 +1,5 @@
 // RMSNorm forward, fused residual + RMSNorm forward, and backward (dinp accumulated, deterministic dweight),
-// validated against a CPU reference in double and timed.
+// validated against the CPU reference (dev/cpu/llama3_cpu.h) and timed.
 //
 //   rstd = 1 / sqrt(mean_c x^2 + eps),  out = x * rstd * w
 //   dx = rstd * (dout*w - xhat * mean_c(dout*w*xhat)),  dw = sum_n dout * xhat,  xhat = x * rstd
@@ -10,37 +10,6 @@
 // build: make -C dev/cuda bin/rmsnorm   run: dev/cuda/bin/rmsnorm
 #include "common.h"
 #include "../../llmc/rmsnorm.cuh"
-
-static void cpu_rmsnorm_forward(std::vector<float>& out, std::vector<float>& rstd, const std::vector<float>& x,
-                                const std::vector<float>& w, int N, int C, float eps) {
-    for (int n = 0; n < N; n++) {
-        const float* xr = &x[(size_t)n * C];
-        double ss = 0.0;
-        for (int c = 0; c < C; c++) ss += (double)xr[c] * xr[c];
-        double r = 1.0 / std::sqrt(ss / C + eps);
-        rstd[n] = (float)r;
-        for (int c = 0; c < C; c++) out[(size_t)n * C + c] = (float)(xr[c] * r * w[c]);
-    }
-}
-
-// dinp and dw are accumulated onto (their existing values are the starting point).
-static void cpu_rmsnorm_backward(std::vector<float>& dinp, std::vector<float>& dw, const std::vector<float>& dout,
-                                 const std::vector<float>& x, const std::vector<float>& w,
-                                 const std::vector<float>& rstd, int N, int C) {
-    std::vector<double> dw_acc(C, 0.0);
-    for (int n = 0; n < N; n++) {
-        size_t off = (size_t)n * C;
-        double r = rstd[n], dot = 0.0;
-        for (int c = 0; c < C; c++) dot += (double)dout[off + c] * w[c] * (x[off + c] * r);
-        double mean = dot / C;
-        for (int c = 0; c < C; c++) {
-            double xhat = x[off + c] * r;
-            dinp[off + c] = (float)(dinp[off + c] + r * ((double)dout[off + c] * w[c] - xhat * mean));
-            dw_acc[c] += (double)dout[off + c] * xhat;
-        }
-    }
-    for (int c = 0; c < C; c++) dw[c] = (float)(dw[c] + dw_acc[c]);
-}
 
 static void test_case(int N, int C, uint64_t seed) {
     printf("N=%d C=%d\n", N, C);
@@ -67,7 +36,7 @@ static void test_case(int N, int C, uint64_t seed) {
 
     // forward
     std::vector<float> ref_out(NC), ref_rstd(N);
-    cpu_rmsnorm_forward(ref_out, ref_rstd, a, w, N, C, eps);
+    cpu::rmsnorm_forward(ref_out.data(), ref_rstd.data(), a.data(), w.data(), N, C, eps);
     poison(d_out, NC * sizeof(floatX));
     poison(d_rstd, N * sizeof(float));
     rmsnorm_forward(d_out, d_rstd, d_a, d_w, N, C, eps, 0);
@@ -80,7 +49,7 @@ static void test_case(int N, int C, uint64_t seed) {
     for (size_t i = 0; i < NC; i++) sum[i] = a[i] + b[i];
     std::vector<float> ref_res = round_to_floatX(sum);
     std::vector<float> ref_fout(NC), ref_frstd(N);
-    cpu_rmsnorm_forward(ref_fout, ref_frstd, ref_res, w, N, C, eps);
+    cpu::rmsnorm_forward(ref_fout.data(), ref_frstd.data(), ref_res.data(), w.data(), N, C, eps);
     poison(d_out, NC * sizeof(floatX));
     poison(d_res, NC * sizeof(floatX));
     poison(d_rstd, N * sizeof(float));
@@ -102,7 +71,7 @@ static void test_case(int N, int C, uint64_t seed) {
     rmsnorm_forward(d_out, d_rstd, d_a, d_w, N, C, eps, 0);
     std::vector<float> rstd_gpu = host_from_device(d_rstd, N);
     std::vector<float> ref_dinp = dinp0, ref_dw = dw0;
-    cpu_rmsnorm_backward(ref_dinp, ref_dw, dout, a, w, rstd_gpu, N, C);
+    cpu::rmsnorm_backward(ref_dinp.data(), ref_dw.data(), dout.data(), a.data(), w.data(), rstd_gpu.data(), N, C);
     size_t scratch_floats = rmsnorm_backward_scratch_floats(N, C);
     float* d_scratch;
     cudaCheck(cudaMalloc(&d_scratch, scratch_floats * sizeof(float)));

@@ -11,32 +11,14 @@
 //   measured on an NVIDIA H200 (B=8 T=2048 H=32 KV=8 hd=64, bf16): v1 0.114 ms (1477 GB/s forward, 1483 backward),
 //   v2 0.046 / 0.047 ms (3636 / 3562 GB/s): 2.5x, near the HBM bandwidth.
 //
-// The table comes from checkpoint.h's rope_tables (with and without Llama 3.1 scaling), interleaved by
+// The table comes from model.h's rope_tables (with and without Llama 3.1 scaling), interleaved by
 // rope_interleave_tables, exactly as the trainer builds it. T = 13 and B = 3 make n % T wrap at odd places; the table
 // is built for more positions than T to check the documented "longer table works" property.
 //
 // build: make -C dev/cuda bin/rope   run: dev/cuda/bin/rope
 #include "common.h"
-#include "../../llmc/checkpoint.h"
+#include "../../llmc/model.h"
 #include "../../llmc/rope.cuh"
-
-// direction +1: forward rotation, -1: backward (transpose).
-static void cpu_rope(std::vector<float>& qkv, const std::vector<float>& cos_t, const std::vector<float>& sin_t, int B,
-                     int T, int H, int KV, int hd, int direction) {
-    int half = hd / 2, row = (H + 2 * KV) * hd;
-    for (int n = 0; n < B * T; n++) {
-        int t = n % T;
-        for (int h = 0; h < H + KV; h++) {
-            for (int i = 0; i < half; i++) {
-                double c = cos_t[(size_t)t * half + i], s = direction * (double)sin_t[(size_t)t * half + i];
-                float* p = &qkv[(size_t)n * row + h * hd + 2 * i];
-                double x0 = p[0], x1 = p[1];
-                p[0] = (float)(x0 * c - x1 * s);
-                p[1] = (float)(x0 * s + x1 * c);
-            }
-        }
-    }
-}
 
 static const int N_VERSIONS = 2;
 
@@ -86,10 +68,10 @@ static void test_case(int B, int T, int H, int KV, int hd, bool scaling, uint64_
     int row = (H + 2 * KV) * hd;
     std::vector<float> x = round_to_floatX(random_floats(n, seed));
     std::vector<float> ref = x;
-    cpu_rope(ref, cos_t, sin_t, B, T, H, KV, hd, +1);
+    cpu::rope(ref.data(), cos_t, sin_t, B, T, H, KV, hd, false);
     std::vector<float> g = round_to_floatX(random_floats(n, seed + 1));
     std::vector<float> gref = g;
-    cpu_rope(gref, cos_t, sin_t, B, T, H, KV, hd, -1);
+    cpu::rope(gref.data(), cos_t, sin_t, B, T, H, KV, hd, true);
 
     for (int version = 1; version <= N_VERSIONS; version++) {
         floatX* d_qkv = device_from_host<floatX>(x);

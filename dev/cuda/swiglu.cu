@@ -1,4 +1,4 @@
-// SwiGLU forward and backward, validated against a CPU reference in double and timed.
+// SwiGLU forward and backward, validated against the CPU reference (dev/cpu/llama3_cpu.h) and timed.
 //
 //   inp (N, 2F) = [gate | up],  out (N, F) = silu(gate) * up
 //   dinp = [dout * up * silu'(gate) | dout * silu(gate)],  silu'(g) = s (1 + g (1 - s)), s = sigmoid(g)
@@ -9,26 +9,6 @@
 // build: make -C dev/cuda bin/swiglu   run: dev/cuda/bin/swiglu
 #include "common.h"
 #include "../../llmc/swiglu.cuh"
-
-static void cpu_swiglu_forward(std::vector<float>& out, const std::vector<float>& inp, int N, int F) {
-    for (int n = 0; n < N; n++)
-        for (int f = 0; f < F; f++) {
-            double g = inp[(size_t)n * 2 * F + f], u = inp[(size_t)n * 2 * F + F + f];
-            out[(size_t)n * F + f] = (float)(g / (1.0 + std::exp(-g)) * u);
-        }
-}
-
-static void cpu_swiglu_backward(std::vector<float>& dinp, const std::vector<float>& dout,
-                                const std::vector<float>& inp, int N, int F) {
-    for (int n = 0; n < N; n++)
-        for (int f = 0; f < F; f++) {
-            size_t gi = (size_t)n * 2 * F + f;
-            double g = inp[gi], u = inp[gi + F], d = dout[(size_t)n * F + f];
-            double s = 1.0 / (1.0 + std::exp(-g));
-            dinp[gi] = (float)(d * u * s * (1.0 + g * (1.0 - s)));
-            dinp[gi + F] = (float)(d * g * s);
-        }
-}
 
 static void test_case(int N, int F, uint64_t seed) {
     printf("N=%d F=%d\n", N, F);
@@ -42,8 +22,8 @@ static void test_case(int N, int F, uint64_t seed) {
     cudaCheck(cudaMalloc(&d_dinp, 2 * NF * sizeof(floatX)));
 
     std::vector<float> ref(NF), dref(2 * NF);
-    cpu_swiglu_forward(ref, inp, N, F);
-    cpu_swiglu_backward(dref, dout, inp, N, F);
+    cpu::swiglu_forward(ref.data(), inp.data(), N, F);
+    cpu::swiglu_backward(dref.data(), dout.data(), inp.data(), N, F);
     poison(d_out, NF * sizeof(floatX));
     swiglu_forward(d_out, d_inp, N, F, 0);
     poison(d_dinp, 2 * NF * sizeof(floatX));
