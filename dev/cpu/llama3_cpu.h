@@ -142,80 +142,96 @@ inline void rope(float* qkv, const std::vector<float>& cos_table, const std::vec
     }
 }
 
-// Causal grouped-query attention. Query head h attends with kv head h / (n_heads / n_kv_heads).
-// probs (B, H, T, T) keeps the softmax for the backward (the reference is for small T; the GPU never does this).
-inline void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int H, int KV, int hd) {
-    int qkv_dim = (H + 2 * KV) * hd, group = H / KV;
-    float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel for collapse(3)
+// Causal grouped-query attention, the contract of llmc/attention.cuh: query head h attends with kv head
+// h / (H / KV); out (B*T, H hd), lse (B, H, T) the log-sum-exp of each row of scaled scores (may be null). The softmax
+// is never stored: the backward recomputes it, so memory stays O(T) per row as on the GPU.
+inline void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int KV, int hd) {
+    const size_t qkv_dim = (size_t)(H + 2 * KV) * hd, out_dim = (size_t)H * hd;
+    const double scale = 1.0 / sqrt((double)hd);
+#pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
+            const int kv = h / (H / KV);
+            std::vector<double> s(T), o(hd);
             for (int t = 0; t < T; t++) {
-                int kv = h / group;
-                const float* q = qkv + ((size_t)b * T + t) * qkv_dim + h * hd;
-                float* p = probs + (((size_t)b * H + h) * T + t) * T;
-                double maxval = -INFINITY;
+                const float* q = qkv + ((size_t)b * T + t) * qkv_dim + (size_t)h * hd;
+                double max_s = -INFINITY;
                 for (int t2 = 0; t2 <= t; t2++) {
-                    const float* k = qkv + ((size_t)b * T + t2) * qkv_dim + (H + kv) * hd;
+                    const float* k = qkv + ((size_t)b * T + t2) * qkv_dim + (size_t)(H + kv) * hd;
                     double dot = 0.0;
                     for (int i = 0; i < hd; i++) dot += (double)q[i] * k[i];
-                    p[t2] = (float)dot * scale;
-                    maxval = fmax(maxval, p[t2]);
+                    s[t2] = dot * scale;
+                    max_s = std::max(max_s, s[t2]);
                 }
                 double sum = 0.0;
-                for (int t2 = 0; t2 <= t; t2++) sum += exp((double)p[t2] - maxval);
-                for (int t2 = 0; t2 < T; t2++) p[t2] = t2 <= t ? (float)(exp((double)p[t2] - maxval) / sum) : 0.0f;
-                float* o = out + ((size_t)b * T + t) * H * hd + h * hd;
-                for (int i = 0; i < hd; i++) {
-                    double acc = 0.0;
-                    for (int t2 = 0; t2 <= t; t2++)
-                        acc += (double)p[t2] * qkv[((size_t)b * T + t2) * qkv_dim + (H + KV + kv) * hd + i];
-                    o[i] = (float)acc;
+                for (int t2 = 0; t2 <= t; t2++) sum += exp(s[t2] - max_s);
+                const double row_lse = max_s + log(sum);
+                std::fill(o.begin(), o.end(), 0.0);
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const double p = exp(s[t2] - row_lse);
+                    const float* v = qkv + ((size_t)b * T + t2) * qkv_dim + (size_t)(H + KV + kv) * hd;
+                    for (int i = 0; i < hd; i++) o[i] += p * v[i];
                 }
+                for (int i = 0; i < hd; i++) out[((size_t)b * T + t) * out_dim + (size_t)h * hd + i] = (float)o[i];
+                if (lse) lse[((size_t)b * H + h) * T + t] = (float)row_lse;
             }
         }
     }
 }
 
-// dqkv (overwritten) from dout (B*T, H hd), with dK and dV summed over the query heads of each group.
-inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T,
+// dqkv (overwritten) from dout (B*T, H hd), the forward's qkv and out. Per row: P recomputed from q and k,
+// D = dout . out, dS = P (dout . v - D); dq = scale dS k, dk = scale dS^T q, dv = P^T dout, with dK and dV summed over
+// the query heads of each group. One thread per (b, kv head): it alone writes that group's dq, dk and dv.
+inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, int B, int T,
                                int H, int KV, int hd) {
-    int qkv_dim = (H + 2 * KV) * hd, group = H / KV;
-    float scale = 1.0f / sqrtf((float)hd);
-    std::fill(dqkv, dqkv + (size_t)B * T * qkv_dim, 0.0f);
-    std::vector<float> dp(T), ds(T);
+    const size_t qkv_dim = (size_t)(H + 2 * KV) * hd, out_dim = (size_t)H * hd;
+    const double scale = 1.0 / sqrt((double)hd);
+    const int group = H / KV;
+    std::vector<double> acc((size_t)B * T * qkv_dim, 0.0);
+#pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
-        for (int h = 0; h < H; h++) {
-            int kv = h / group;
-            for (int t = 0; t < T; t++) {
-                const float* p = probs + (((size_t)b * H + h) * T + t) * T;
-                const float* dy = dout + ((size_t)b * T + t) * H * hd + h * hd;
-                const float* q = qkv + ((size_t)b * T + t) * qkv_dim + h * hd;
-                float* dq = dqkv + ((size_t)b * T + t) * qkv_dim + h * hd;
-                double pdp = 0.0;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* v = qkv + ((size_t)b * T + t2) * qkv_dim + (H + KV + kv) * hd;
-                    float* dv = dqkv + ((size_t)b * T + t2) * qkv_dim + (H + KV + kv) * hd;
-                    double dot = 0.0;
-                    for (int i = 0; i < hd; i++) {
-                        dot += (double)dy[i] * v[i];
-                        dv[i] += p[t2] * dy[i];
+        for (int kv = 0; kv < KV; kv++) {
+            std::vector<double> p(T), ds(T);
+            auto k_at = [&](int t) { return qkv + ((size_t)b * T + t) * qkv_dim + (size_t)(H + kv) * hd; };
+            auto v_at = [&](int t) { return qkv + ((size_t)b * T + t) * qkv_dim + (size_t)(H + KV + kv) * hd; };
+            for (int h = kv * group; h < (kv + 1) * group; h++) {
+                for (int t = 0; t < T; t++) {
+                    const float* q = qkv + ((size_t)b * T + t) * qkv_dim + (size_t)h * hd;
+                    const float* o = out + ((size_t)b * T + t) * out_dim + (size_t)h * hd;
+                    const float* dy = dout + ((size_t)b * T + t) * out_dim + (size_t)h * hd;
+                    double max_s = -INFINITY;
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        double dot = 0.0;
+                        for (int i = 0; i < hd; i++) dot += (double)q[i] * k_at(t2)[i];
+                        p[t2] = dot * scale;
+                        max_s = std::max(max_s, p[t2]);
                     }
-                    dp[t2] = (float)dot;
-                    pdp += (double)p[t2] * dp[t2];
-                }
-                for (int t2 = 0; t2 <= t; t2++) {
-                    float dscore = p[t2] * (dp[t2] - (float)pdp) * scale;
-                    const float* k = qkv + ((size_t)b * T + t2) * qkv_dim + (H + kv) * hd;
-                    float* dk = dqkv + ((size_t)b * T + t2) * qkv_dim + (H + kv) * hd;
-                    for (int i = 0; i < hd; i++) {
-                        dq[i] += dscore * k[i];
-                        dk[i] += dscore * q[i];
+                    double sum = 0.0;
+                    for (int t2 = 0; t2 <= t; t2++) sum += exp(p[t2] - max_s);
+                    for (int t2 = 0; t2 <= t; t2++) p[t2] = exp(p[t2] - max_s) / sum;
+                    double D = 0.0;
+                    for (int i = 0; i < hd; i++) D += (double)dy[i] * o[i];
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        double dp = 0.0;
+                        for (int i = 0; i < hd; i++) dp += (double)dy[i] * v_at(t2)[i];
+                        ds[t2] = p[t2] * (dp - D) * scale;
+                    }
+                    double* dq = acc.data() + ((size_t)b * T + t) * qkv_dim + (size_t)h * hd;
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        double* dk = acc.data() + ((size_t)b * T + t2) * qkv_dim + (size_t)(H + kv) * hd;
+                        double* dv = acc.data() + ((size_t)b * T + t2) * qkv_dim + (size_t)(H + KV + kv) * hd;
+                        const float* k = k_at(t2);
+                        for (int i = 0; i < hd; i++) {
+                            dq[i] += ds[t2] * k[i];
+                            dk[i] += ds[t2] * q[i];
+                            dv[i] += p[t2] * dy[i];
+                        }
                     }
                 }
             }
         }
     }
+    for (size_t i = 0; i < acc.size(); i++) dqkv[i] = (float)acc[i];
 }
 
 inline double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
@@ -308,7 +324,7 @@ struct Model {
     int step = 0;
     // activations of the last forward, for (B, T)
     int B = 0, T = 0;
-    std::vector<float> residual, ln1, rstd1, qkv, probs, atty, residual_mid, ln2, rstd2, h13, hact, lnf, rstdf;
+    std::vector<float> residual, ln1, rstd1, qkv, atty, residual_mid, ln2, rstd2, h13, hact, lnf, rstdf;
     std::vector<float> logits, dlogits, cos_table, sin_table;
     std::vector<int> inputs, targets;
 
@@ -329,7 +345,7 @@ struct Model {
         inputs.assign(in, in + N);
         targets.assign(tg, tg + N);
         residual.resize((L + 1) * NC); ln1.resize(L * NC); rstd1.resize((size_t)L * N);
-        qkv.resize((size_t)L * N * QKV); probs.resize((size_t)L * B * H * T * T); atty.resize((size_t)L * N * H * hd);
+        qkv.resize((size_t)L * N * QKV); atty.resize((size_t)L * N * H * hd);
         residual_mid.resize(L * NC); ln2.resize(L * NC); rstd2.resize((size_t)L * N);
         h13.resize((size_t)L * N * 2 * F); hact.resize((size_t)L * N * F); lnf.resize(NC); rstdf.resize(N);
         logits.resize((size_t)N * V); dlogits.resize((size_t)N * V);
@@ -350,7 +366,7 @@ struct Model {
             rmsnorm_forward(l_ln1, rstd1.data() + (size_t)l * N, x, p.attn_norm + (size_t)l * C, N, C, c.norm_eps);
             matmul_forward(l_qkv, l_ln1, p.wqkv + (size_t)l * QKV * C, N, C, QKV);
             rope(l_qkv, cos_table, sin_table, B, T, H, KV, hd, false);
-            attention_forward(l_atty, probs.data() + (size_t)l * B * H * T * T, l_qkv, B, T, H, KV, hd);
+            attention_forward(l_atty, nullptr, l_qkv, B, T, H, KV, hd);
             matmul_forward(proj.data(), l_atty, p.wo + (size_t)l * C * H * hd, N, H * hd, C);
             for (size_t i = 0; i < NC; i++) l_mid[i] = x[i] + proj[i];
             rmsnorm_forward(l_ln2, rstd2.data() + (size_t)l * N, l_mid, p.ffn_norm + (size_t)l * C, N, C, c.norm_eps);
@@ -392,7 +408,7 @@ struct Model {
             matmul_backward(datty.data(), g.wo + (size_t)l * C * H * hd, dresidual.data(),
                             atty.data() + (size_t)l * N * H * hd, p.wo + (size_t)l * C * H * hd, N, H * hd, C);
             attention_backward(dqkv.data(), datty.data(), qkv.data() + (size_t)l * N * QKV,
-                               probs.data() + (size_t)l * B * H * T * T, B, T, H, KV, hd);
+                               atty.data() + (size_t)l * N * H * hd, B, T, H, KV, hd);
             rope(dqkv.data(), cos_table, sin_table, B, T, H, KV, hd, true);
             matmul_backward(dnorm.data(), g.wqkv + (size_t)l * QKV * C, dqkv.data(), ln1.data() + l * NC,
                             p.wqkv + (size_t)l * QKV * C, N, C, QKV);

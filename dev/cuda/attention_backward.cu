@@ -91,63 +91,10 @@
 
 #include "../../llmc/attention.cuh"
 #include "../../llmc/ptx.cuh"
-#include "attention_reference.h"
+#include "attention_shapes.h"
 
 // ---------------------------------------------------------------------------------------------------------------
-// CPU reference (the forward, attention_forward_cpu, is in attention_reference.h)
-
-// dqkv from qkv, out (as the GPU sees it), dout. Recomputes the softmax in fp64.
-static void attention_backward_cpu(std::vector<float>& dqkv, const std::vector<float>& qkv,
-                                   const std::vector<float>& out, const std::vector<float>& dout, int B, int T, int H,
-                                   int KV, int hd) {
-    const size_t qkv_stride = (size_t)(H + 2 * KV) * hd, out_stride = (size_t)H * hd;
-    const double scale = 1.0 / std::sqrt((double)hd);
-    std::vector<double> acc((size_t)B * T * qkv_stride, 0.0);
-    std::vector<double> p(T), ds(T);
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < H; h++) {
-            const int kvh = h / (H / KV);
-            auto q_at = [&](int t) { return &qkv[((size_t)b * T + t) * qkv_stride + (size_t)h * hd]; };
-            auto k_at = [&](int t) { return &qkv[((size_t)b * T + t) * qkv_stride + (size_t)(H + kvh) * hd]; };
-            auto v_at = [&](int t) { return &qkv[((size_t)b * T + t) * qkv_stride + (size_t)(H + KV + kvh) * hd]; };
-            for (int i = 0; i < T; i++) {
-                const float* q = q_at(i);
-                const float* o = &out[((size_t)b * T + i) * out_stride + (size_t)h * hd];
-                const float* dO = &dout[((size_t)b * T + i) * out_stride + (size_t)h * hd];
-                double max_s = -INFINITY;
-                for (int j = 0; j <= i; j++) {
-                    double dot = 0.0;
-                    for (int d = 0; d < hd; d++) dot += (double)q[d] * k_at(j)[d];
-                    p[j] = dot * scale;
-                    max_s = std::max(max_s, p[j]);
-                }
-                double sum = 0.0;
-                for (int j = 0; j <= i; j++) sum += std::exp(p[j] - max_s);
-                for (int j = 0; j <= i; j++) p[j] = std::exp(p[j] - max_s) / sum;
-                double D = 0.0;
-                for (int d = 0; d < hd; d++) D += (double)dO[d] * o[d];
-                for (int j = 0; j <= i; j++) {
-                    double dp = 0.0;
-                    for (int d = 0; d < hd; d++) dp += (double)dO[d] * v_at(j)[d];
-                    ds[j] = p[j] * (dp - D);
-                }
-                double* dq = &acc[((size_t)b * T + i) * qkv_stride + (size_t)h * hd];
-                for (int j = 0; j <= i; j++) {
-                    double* dk = &acc[((size_t)b * T + j) * qkv_stride + (size_t)(H + kvh) * hd];
-                    double* dv = &acc[((size_t)b * T + j) * qkv_stride + (size_t)(H + KV + kvh) * hd];
-                    const float* k = k_at(j);
-                    for (int d = 0; d < hd; d++) {
-                        dq[d] += ds[j] * scale * k[d];
-                        dk[d] += ds[j] * scale * q[d];
-                        dv[d] += p[j] * dO[d];
-                    }
-                }
-            }
-        }
-    }
-    dqkv.resize(acc.size());
-    for (size_t i = 0; i < acc.size(); i++) dqkv[i] = (float)acc[i];
-}
+// CPU reference: cpu::attention_forward and cpu::attention_backward (dev/cpu/llama3_cpu.h)
 
 // Splits a (B, T, (H + 2 KV) hd) tensor into its query, key and value parts, each (B, T, heads * hd).
 static void split_qkv(const std::vector<float>& x, int B, int T, int H, int KV, int hd, std::vector<float>& q,
@@ -1201,11 +1148,11 @@ static void validate_shape(int version, const Shape& sh, uint64_t seed) {
     printf("v%d B=%d T=%d H=%d KV=%d hd=%d\n", version, B, T, H, KV, hd);
     std::vector<float> qkv = round_to_floatX(random_floats(n_qkv, seed, 1.5f));
     std::vector<float> dout = round_to_floatX(random_floats(n_out, seed + 1000, 1.0f));
-    std::vector<float> out, lse;
-    attention_forward_cpu(out, lse, qkv, B, T, H, KV, hd);
+    std::vector<float> out(n_out), lse(n_lse);
+    cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, KV, hd);
     out = round_to_floatX(out);  // what the GPU forward would have stored
-    std::vector<float> dqkv_ref;
-    attention_backward_cpu(dqkv_ref, qkv, out, dout, B, T, H, KV, hd);
+    std::vector<float> dqkv_ref(n_qkv);
+    cpu::attention_backward(dqkv_ref.data(), dout.data(), qkv.data(), out.data(), B, T, H, KV, hd);
 
     floatX* d_qkv = device_from_host<floatX>(qkv);
     floatX* d_out = device_from_host<floatX>(out);

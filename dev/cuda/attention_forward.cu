@@ -62,10 +62,10 @@
 
 #include "../../llmc/attention.cuh"
 #include "../../llmc/ptx.cuh"
-#include "attention_reference.h"
+#include "attention_shapes.h"
 
 // ---------------------------------------------------------------------------------------------------------------
-// CPU reference: attention_forward_cpu in attention_reference.h
+// CPU reference: cpu::attention_forward (dev/cpu/llama3_cpu.h)
 
 #if !defined(ENABLE_FP32)
 // ---------------------------------------------------------------------------------------------------------------
@@ -524,8 +524,8 @@ static void validate_shape(int version, const Shape& sh, uint64_t seed) {
     printf("v%d B=%d T=%d H=%d KV=%d hd=%d\n", version, sh.B, sh.T, sh.H, sh.KV, sh.hd);
     // Scale 1.5 makes the softmax peakier than scale 1 would, exercising the running-max rescaling.
     std::vector<float> qkv = round_to_floatX(random_floats(n_qkv, seed, 1.5f));
-    std::vector<float> out_ref, lse_ref;
-    attention_forward_cpu(out_ref, lse_ref, qkv, sh.B, sh.T, sh.H, sh.KV, sh.hd);
+    std::vector<float> out_ref(n_out), lse_ref(n_lse);
+    cpu::attention_forward(out_ref.data(), lse_ref.data(), qkv.data(), sh.B, sh.T, sh.H, sh.KV, sh.hd);
 
     floatX* d_qkv = device_from_host<floatX>(qkv);
     floatX* d_out;
