@@ -82,6 +82,9 @@ NAMED_CONFIGS = {
     "test-tied": Llama3Config(vocab_size=211, dim=32, n_layers=2, n_heads=4, n_kv_heads=1, ffn_hidden=72,
                               max_seq_len=64, tied_embeddings=1, use_rope_scaling=1, rope_original_max_seq_len=32,
                               rope_theta=10000.0, rope_scaling_factor=32.0),
+    # head dim 128 (the 3B and 8B attention path) with as many kv heads as query heads (no GQA)
+    "test-mha": Llama3Config(vocab_size=300, dim=256, n_layers=2, n_heads=2, n_kv_heads=2, ffn_hidden=344,
+                             max_seq_len=128, tied_embeddings=0),
 }
 
 
