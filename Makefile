@@ -3,17 +3,23 @@
 #   make                      CPU targets (reference, data tests) and, when nvcc is present, the CUDA trainer
 #   make train_llama3cu       the CUDA trainer (PRECISION=BF16 default, PRECISION=FP32 for exact tie-out;
 #                             USE_MPI=1 where MPI and NCCL are found: several GPUs with mpirun; USE_MPI=0 without)
-#   make test                 CPU tests always; GPU tests too when a GPU is present
-#   make run                  the main job: tinyshakespeare shards, a small model from scratch, a loss plot
+#   make test                 CPU tests always; on a GPU machine also the GPU tie-outs, the resume tests, the dev/cuda
+#                             kernel checks in both precisions and, with 2 GPUs and mpirun, the multi-GPU tests
+#                             (built in temporary directories: the binaries here are left alone)
+#   make run                  the main job (needs a GPU): tinyshakespeare shards, a small model from scratch, a loss plot
 #   make finetune MODEL=path  fine-tune a model on the shipped chat set (dev/data/chat), val loss, a sample answer
 #
 # Variables: PRECISION=BF16|FP32, GPU_COMPUTE_CAPABILITY (default: read from nvidia-smi, else 90), NO_OMP=1,
-# LLAMA3_TOKENIZER / TINYSHAKESPEARE_TXT (paths to the tokenizer.model and the corpus, for `run` and `test`).
+# LLAMA3_TOKENIZER / TINYSHAKESPEARE_TXT (another tokenizer.model or corpus than the repo's dev/data/llama3/tokenizer.model
+# and dev/data/tinyshakespeare.txt), PYTHON (default: see dev/python_env.sh).
 
 CXX ?= g++
 NVCC ?= nvcc
-PYTHON ?= python3
 PRECISION ?= BF16
+# Python with the packages of dev/requirements.txt: python3 when it has them, else a .venv made and filled on first use
+# (dev/python_env.sh). Evaluated only by the recipes that run Python.
+PYTHON ?= $(or $(shell dev/python_env.sh),$(error could not set up Python, see the message above))
+LLAMA3_TOKENIZER ?= dev/data/llama3/tokenizer.model
 
 # nlohmann/json (read by llmc/hf_model.h): the Debian package nlohmann-json3-dev in /usr/include, or a copy in the
 # ignored .deps/ that `make deps` makes from it, to carry to a machine without apt.
@@ -85,7 +91,7 @@ CUDA_TARGETS = train_llama3cu test_llama3cu
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c GPU)
 
-.PHONY: all cpu cuda test run data finetune clean deps
+.PHONY: all cpu cuda test run data finetune clean deps require_gpu
 
 all: cpu $(if $(HAVE_NVCC),cuda,)
 
@@ -116,8 +122,9 @@ test_llama3cu: test_llama3.cu train_llama3.cu $(HEADERS) .precision_$(PRECISION)
 	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LIBS) -o $@
 
 # CPU tests always; the GPU tests (dev/test/test_gpu.py) skip themselves when no GPU is present.
+# -rs: the closing summary names every skipped test and why.
 test: cpu
-	$(PYTHON) -m pytest -q dev/test
+	$(PYTHON) -m pytest -q -rs dev/test
 
 DATA_DIR ?= data/tinyshakespeare
 RUN_DIR ?= runs/tinyshakespeare_d6
@@ -128,8 +135,12 @@ $(DATA_DIR)/tiny_shakespeare_train.bin:
 	$(PYTHON) dev/data/tinyshakespeare.py --out_dir $(DATA_DIR)
 	$(PYTHON) dev/data/export_tokenizer.py --out $(DATA_DIR)/tokenizer.bin
 
+require_gpu:
+	@command -v $(NVCC) >/dev/null || { echo "Error: $(NVCC) not found: make run needs the CUDA toolkit" >&2; exit 1; }
+	@test "$(HAVE_GPU)" -gt 0 2>/dev/null || { echo "Error: no GPU found (nvidia-smi -L lists none): make run trains on a GPU" >&2; exit 1; }
+
 # The main job: a d6 model from scratch on tinyshakespeare, with val loss, samples and a loss plot.
-run: data train_llama3cu
+run: require_gpu data train_llama3cu
 	./train_llama3cu -c d6 -i "$(DATA_DIR)/tiny_shakespeare_train.bin" -j "$(DATA_DIR)/tiny_shakespeare_val.bin" \
 	    -z $(DATA_DIR)/tokenizer.bin -o $(RUN_DIR) -b 16 -t 256 -x 300 -l 1e-3 -v 50 -s 100 -n 150
 	$(PYTHON) scripts/plot_loss.py $(RUN_DIR)/log.txt $(RUN_DIR)/loss.png

@@ -5,11 +5,16 @@
 //   [0] magic 20261122  [1] version 1  [2] B  [3] T  [4] vocab_size  [5] n_steps
 //   [6] masked: 1 when some targets are -1, ignored positions of a loss mask (the loss is then the mean over the
 //       other targets, PyTorch's cross_entropy with ignore_index=-1); 0 when every target counts
+//   [7] bf16 reference: 1 when PyTorch's bf16 autocast errors on the same case follow the step norms (below)
 //   [8] lr  [9] beta1  [10] beta2  [11] eps  [12] weight_decay  [13] grad_clip   (float32)   other slots zero
 // then: inputs int32 (B*T), targets int32 (B*T), logits fp32 (B*T*V), loss fp32 (1),
 //       the gradient of every parameter fp32 (the model's parameter count, checkpoint order),
 //       the loss of each of the n_steps AdamW steps fp32 (n_steps), the pre-clip grad norm of each step fp32 (n_steps).
 // Each step trains on the same (inputs, targets) batch; step i's loss is measured before its update.
+// With slot 7 = 1, then fp32: the errors of the same run under PyTorch's bf16 autocast (fp32 master weights) against
+// this fp32 one, in the measures of tensor_error() below: logits max_rel and rel_norm, |loss diff|, the max_rel and
+// rel_norm of each parameter tensor's gradient (checkpoint order, the tensors the model has), then for each step
+// |loss diff| and |grad norm diff| / grad norm. The BF16 tie-out's bounds are multiples of them (test_llama3.cu).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +32,13 @@ struct DebugState {
     std::vector<int> inputs, targets;
     std::vector<float> logits, grads, step_losses, step_norms;
     float loss = 0;
+    // PyTorch's bf16 autocast errors (slot 7); has_bf16_reference false when the file holds none
+    struct Bf16Reference {
+        float logits_max_rel = 0, logits_rel_norm = 0, loss = 0;
+        std::vector<float> grad_max_rel, grad_rel_norm;  // one per parameter tensor the model has
+        std::vector<float> step_losses, step_norms;
+    } bf16;
+    bool has_bf16_reference = false;
 };
 
 // Reads a debug state for a model of `config`; names the file and the mismatch on any inconsistency, and exits.
@@ -54,6 +66,11 @@ inline DebugState load_debug_state(const char* path, const Llama3Config& config)
         fail_exit();
     }
     s.masked = h[6] == 1;
+    if (h[7] != 0 && h[7] != 1) {
+        fprintf(stderr, "Error: debug state '%s' has bf16 reference flag %d in slot 7, expected 0 or 1\n", path, h[7]);
+        fail_exit();
+    }
+    s.has_bf16_reference = h[7] == 1;
     if (h[4] != config.vocab_size) {
         fprintf(stderr, "Error: debug state '%s' is for vocab_size %d, the model has %d\n", path, h[4],
                 config.vocab_size);
@@ -67,11 +84,17 @@ inline DebugState load_debug_state(const char* path, const Llama3Config& config)
     float hp[6];
     memcpy(hp, &h[8], sizeof(hp));
     s.lr = hp[0]; s.beta1 = hp[1]; s.beta2 = hp[2]; s.eps = hp[3]; s.weight_decay = hp[4]; s.grad_clip = hp[5];
-    size_t N = (size_t)s.B * s.T, n_params = param_layout(config).total;
-    int64_t expected = (int64_t)sizeof(h) + 4 * (int64_t)(2 * N + N * config.vocab_size + 1 + n_params + 2 * s.n_steps);
+    ParamLayout layout = param_layout(config);
+    size_t N = (size_t)s.B * s.T, n_params = layout.total;
+    int n_tensors = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) n_tensors += layout.sizes[t] > 0;
+    int64_t bf16_floats = s.has_bf16_reference ? 3 + 2 * n_tensors + 2 * s.n_steps : 0;
+    int64_t expected = (int64_t)sizeof(h) +
+                       4 * (int64_t)(2 * N + N * config.vocab_size + 1 + n_params + 2 * s.n_steps + bf16_floats);
     if (size != expected) {
-        fprintf(stderr, "Error: debug state '%s' is %lld bytes, expected %lld for B=%d T=%d V=%d steps=%d and %zu params\n",
-                path, (long long)size, (long long)expected, s.B, s.T, config.vocab_size, s.n_steps, n_params);
+        fprintf(stderr, "Error: debug state '%s' is %lld bytes, expected %lld for B=%d T=%d V=%d steps=%d and %zu params%s\n",
+                path, (long long)size, (long long)expected, s.B, s.T, config.vocab_size, s.n_steps, n_params,
+                s.has_bf16_reference ? " with the bf16 reference errors" : "");
         fail_exit();
     }
     s.inputs.resize(N); s.targets.resize(N); s.logits.resize(N * config.vocab_size); s.grads.resize(n_params);
@@ -83,6 +106,29 @@ inline DebugState load_debug_state(const char* path, const Llama3Config& config)
     freadCheck(s.grads.data(), 4, n_params, fp, "gradients");
     freadCheck(s.step_losses.data(), 4, s.n_steps, fp, "step losses");
     freadCheck(s.step_norms.data(), 4, s.n_steps, fp, "step grad norms");
+    if (s.has_bf16_reference) {
+        std::vector<float> e(bf16_floats);
+        freadCheck(e.data(), 4, e.size(), fp, "bf16 reference errors");
+        const float* p = e.data();
+        s.bf16.logits_max_rel = *p++;
+        s.bf16.logits_rel_norm = *p++;
+        s.bf16.loss = *p++;
+        for (int t = 0; t < n_tensors; t++) {
+            s.bf16.grad_max_rel.push_back(*p++);
+            s.bf16.grad_rel_norm.push_back(*p++);
+        }
+        for (int i = 0; i < s.n_steps; i++) {
+            s.bf16.step_losses.push_back(*p++);
+            s.bf16.step_norms.push_back(*p++);
+        }
+        for (float x : e) {
+            if (!std::isfinite(x) || x < 0) {
+                fprintf(stderr, "Error: debug state '%s' has a bf16 reference error %g (not finite or negative)\n",
+                        path, x);
+                fail_exit();
+            }
+        }
+    }
     fcloseCheck(fp);
     for (size_t i = 0; i < N; i++) {
         bool ignored = s.masked && s.targets[i] == -1;
@@ -130,8 +176,8 @@ struct TieOutChecks {
                 double rel_norm_tol) {
         TensorError e = tensor_error(got, ref, n);
         bool ok = e.finite && e.max_rel <= max_rel_tol && e.rel_norm <= rel_norm_tol;
-        printf("%-14s max_rel %.2e  rel_norm %.2e  (worst [%zu]: got %.8g ref %.8g)  %s\n", name, e.max_rel,
-               e.rel_norm, e.worst, got[e.worst], ref[e.worst], ok ? "OK" : "FAIL");
+        printf("%-14s max_rel %.2e (<= %.1e)  rel_norm %.2e (<= %.1e)  (worst [%zu]: got %.8g ref %.8g)  %s\n", name,
+               e.max_rel, max_rel_tol, e.rel_norm, rel_norm_tol, e.worst, got[e.worst], ref[e.worst], ok ? "OK" : "FAIL");
         if (!ok) failures++;
     }
 
@@ -139,7 +185,8 @@ struct TieOutChecks {
     void scalar(const char* name, float got, float ref, double abs_tol, double rel_tol) {
         double diff = fabs((double)got - ref);
         bool ok = std::isfinite(got) && (diff <= abs_tol || diff <= rel_tol * fabs(ref));
-        printf("%-14s got %.8f ref %.8f  diff %.2e  %s\n", name, got, ref, diff, ok ? "OK" : "FAIL");
+        printf("%-14s got %.8f ref %.8f  diff %.2e (<= %.1e)  %s\n", name, got, ref, diff,
+               fmax(abs_tol, rel_tol * fabs(ref)), ok ? "OK" : "FAIL");
         if (!ok) failures++;
     }
 

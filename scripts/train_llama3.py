@@ -7,7 +7,8 @@ can: the RoPE tables are computed in float64 and rounded once to fp32, and the p
 as the checkpoint stores them (wqkv = [wq; wk; wv], w13 = [w1; w3]).
 
 Examples:
-  # debug state for the C/CUDA tie-out (model in fp32 and bf16, logits, loss, grads, 10 AdamW steps)
+  # debug state for the C/CUDA tie-out (model in fp32 and bf16, logits, loss, grads, 10 AdamW steps, and the errors
+  # of PyTorch's bf16 autocast on the same case, which the BF16 tie-out's bounds are a multiple of)
   python scripts/train_llama3.py --config test-gqa --batch_size 2 --seq_len 13 --steps 10 \
       --write_model out/model.bin --write_debug out/debug.bin
   # the same with a loss mask: 40% of the targets ignored (-1), the loss the mean over the others
@@ -19,6 +20,7 @@ Examples:
 """
 
 import argparse
+import copy
 import glob
 import math
 import os
@@ -80,6 +82,9 @@ NAMED_CONFIGS = {
     "test-tied": Llama3Config(vocab_size=211, dim=32, n_layers=2, n_heads=4, n_kv_heads=1, ffn_hidden=72,
                               max_seq_len=64, tied_embeddings=1, use_rope_scaling=1, rope_original_max_seq_len=32,
                               rope_theta=10000.0, rope_scaling_factor=32.0),
+    # head dim 128 (the 3B and 8B attention path) with as many kv heads as query heads (no GQA)
+    "test-mha": Llama3Config(vocab_size=300, dim=256, n_layers=2, n_heads=2, n_kv_heads=2, ffn_hidden=344,
+                             max_seq_len=128, tied_embeddings=0),
 }
 
 
@@ -323,10 +328,13 @@ def assign_stacked(model, name, value):
         getattr(layer, name).weight.copy_(value[i])
 
 
-def write_debug_state(path, model, inputs, targets, logits, loss, grads, step_losses, step_norms, hp):
+def write_debug_state(path, model, inputs, targets, logits, loss, grads, step_losses, step_norms, hp,
+                      bf16_errors=None):
+    """bf16_errors: the floats of bf16_autocast_errors(), or None (the state then serves fp32 tie-outs only)."""
     B, T = inputs.shape
     h = np.zeros(HEADER_SLOTS, dtype=np.int32)
-    h[0:7] = [DEBUG_MAGIC, DEBUG_VERSION, B, T, model.config.vocab_size, len(step_losses), int((targets < 0).any())]
+    h[0:8] = [DEBUG_MAGIC, DEBUG_VERSION, B, T, model.config.vocab_size, len(step_losses), int((targets < 0).any()),
+              int(bf16_errors is not None)]
     h[8:14] = np.array([hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.grad_clip], dtype=np.float32).view(
         np.int32)
     f32 = lambda t: t.detach().cpu().float().numpy().astype(np.float32).tobytes()
@@ -334,6 +342,8 @@ def write_debug_state(path, model, inputs, targets, logits, loss, grads, step_lo
               targets.cpu().numpy().astype(np.int32).tobytes(), f32(logits), f32(loss.reshape(1))]
     chunks += [f32(g) for g in grads]
     chunks += [np.array(step_losses, dtype=np.float32).tobytes(), np.array(step_norms, dtype=np.float32).tobytes()]
+    if bf16_errors is not None:
+        chunks.append(np.array(bf16_errors, dtype=np.float32).tobytes())
     write_atomic(path, chunks)
 
 
@@ -360,6 +370,52 @@ def load_tokens(pattern):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Training
+
+
+def forward_backward(model, inputs, targets, autocast):
+    """The first half of a training step: logits and loss under `autocast`, gradients in the parameters' .grad."""
+    with autocast:
+        logits, loss = model(inputs, targets)
+    loss.backward()
+    return logits, loss
+
+
+def clip_and_update(model, optimizer, grad_clip):
+    """The second half: clip the gradients to grad_clip, take the AdamW step, clear the gradients. Returns the
+    pre-clip grad norm."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def tensor_errors(got, ref):
+    """max |got - ref| / max |ref| and ||got - ref|| / ||ref||, in float64 (the measures of llmc/debug_state.h)."""
+    got, ref = got.detach().double().cpu(), ref.detach().double().cpu()
+    diff = (got - ref).abs()
+    return (diff.max() / ref.abs().max()).item(), (diff.norm() / ref.norm()).item()
+
+
+def bf16_autocast_errors(model, inputs, targets, hp, steps, device, ref):
+    """PyTorch's own bf16 error on a debug case: `model` (the initial weights) trained on the same batch for the same
+    AdamW steps under bf16 autocast (fp32 master weights), against the fp32 run ref = (logits, loss, grads,
+    step_losses, step_norms). Returns the debug state's bf16 section: logits max_rel and rel_norm, |loss diff|, the
+    max_rel and rel_norm of each gradient tensor (checkpoint order), then per step |loss diff| and the relative
+    difference of the grad norm. The CUDA tie-out bounds its BF16 build by a multiple of these (test_llama3.cu)."""
+    ref_logits, ref_loss, ref_grads, ref_step_losses, ref_step_norms = ref
+    optimizer = make_optimizer(model, hp, device)
+    autocast = torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
+    first, per_step = [], []
+    for step in range(steps):
+        logits, loss = forward_backward(model, inputs, targets, autocast)
+        if step == 0:
+            first += [*tensor_errors(logits, ref_logits), abs(loss.item() - ref_loss.item())]
+            for grad, ref_grad in zip(model.grads_in_file_order(), ref_grads):
+                first += tensor_errors(grad, ref_grad)
+        norm = clip_and_update(model, optimizer, hp.grad_clip)
+        per_step += [abs(loss.item() - ref_step_losses[step]),
+                     abs(norm.item() - ref_step_norms[step]) / ref_step_norms[step]]
+    return first + per_step
 
 
 def make_optimizer(model, hp, device):
@@ -393,7 +449,8 @@ def main():
                         help="bfloat16 = autocast with fp32 master weights")
     parser.add_argument("--compile", type=int, default=0)
     parser.add_argument("--write_model", default="", help="write the initial model here (fp32) and *_bf16.bin")
-    parser.add_argument("--write_debug", default="", help="write the debug state here (trains on one fixed batch)")
+    parser.add_argument("--write_debug", default="", help="write the debug state here (trains on one fixed batch; with --dtype float32 it also "
+                        "holds the errors of the same run under bf16 autocast)")
     args = parser.parse_args()
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -431,6 +488,7 @@ def main():
         gen = torch.Generator().manual_seed(args.seed + 2)
         mask &= torch.rand(len(tokens), generator=gen) >= args.ignore_fraction
 
+    initial = copy.deepcopy(model) if args.write_debug else None  # the bf16 twin of the debug run starts here
     device = args.device
     model = model.to(device)
     hp = args
@@ -453,15 +511,11 @@ def main():
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with autocast:
-            logits, loss = forward(inputs, targets)
-        loss.backward()
+        logits, loss = forward_backward(forward, inputs, targets, autocast)
         if step == 0 and args.write_debug:
             first = (inputs, targets, logits.detach().float(), loss.detach(),
                      [g.detach().clone() for g in model.grads_in_file_order()])
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        norm = clip_and_update(model, optimizer, args.grad_clip)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -484,7 +538,12 @@ def main():
         if args.steps < 1:
             raise SystemExit("error: --write_debug needs --steps >= 1")
         inputs, targets, logits, loss, grads = first
-        write_debug_state(args.write_debug, model, inputs, targets, logits, loss, grads, step_losses, step_norms, hp)
+        bf16_errors = None
+        if args.dtype == "float32":  # the reference is fp32: measure what bf16 autocast does to the same case
+            bf16_errors = bf16_autocast_errors(initial.to(device), inputs, targets, hp, args.steps, device,
+                                               (logits, loss, grads, step_losses, step_norms))
+        write_debug_state(args.write_debug, model, inputs, targets, logits, loss, grads, step_losses, step_norms, hp,
+                          bf16_errors)
         print(f"wrote debug state {args.write_debug}")
 
 

@@ -174,7 +174,8 @@ def convert(encoder, path, out_dir, prefix, split, seq_len, shard_size):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokenizer", default=None, help="Llama 3 tokenizer.model (default: $LLAMA3_TOKENIZER)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="Llama 3 tokenizer.model (default: $LLAMA3_TOKENIZER, else the repo's copy)")
     parser.add_argument("--train", default=None, help="JSON-lines conversations for the train split")
     parser.add_argument("--val", default=None, help="JSON-lines conversations for the val split")
     parser.add_argument("--out_dir", required=True, help="where the shards go")

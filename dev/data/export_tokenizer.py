@@ -48,7 +48,8 @@ def export(tokenizer, out_path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokenizer", default=None, help="Llama 3 tokenizer.model (default: $LLAMA3_TOKENIZER)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="Llama 3 tokenizer.model (default: $LLAMA3_TOKENIZER, else the repo's copy)")
     parser.add_argument("--out", required=True, help="the .bin to write")
     args = parser.parse_args()
     try:

@@ -5,7 +5,8 @@ tokenizer.model is the file Meta ships: one line per BPE token, `base64(bytes) r
 The 256 special tokens (ids 128000..128255) and the pre-tokenization regex are not in that file; they are
 defined here the way Meta's llama3 reference tokenizer.py defines them, so ids agree with the released models.
 
-The path comes from the caller (a --tokenizer flag) or, failing that, from the LLAMA3_TOKENIZER environment variable.
+The path comes from the caller (a --tokenizer flag), else from the LLAMA3_TOKENIZER environment variable, else it is
+the copy the repo ships, dev/data/llama3/tokenizer.model (with Meta's license and notice beside it).
 
     tok = Llama3Tokenizer("path/to/tokenizer.model")
     ids = tok.encode("Hello world", bos=True)   # [128000, 9906, 1917]
@@ -73,11 +74,12 @@ def _split_long_text(text):
         yield window[cut:]
 
 
+DEFAULT_TOKENIZER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama3", "tokenizer.model")
+
+
 def resolve_tokenizer_path(path=None):
-    """The tokenizer.model path: the argument if given, else $LLAMA3_TOKENIZER; raises if neither is set."""
-    path = path or os.environ.get("LLAMA3_TOKENIZER")
-    if not path:
-        raise ValueError("no tokenizer path: pass --tokenizer PATH or set LLAMA3_TOKENIZER to Llama 3's tokenizer.model")
+    """The tokenizer.model path: the argument if given, else $LLAMA3_TOKENIZER, else the repo's copy."""
+    path = path or os.environ.get("LLAMA3_TOKENIZER") or DEFAULT_TOKENIZER
     if not os.path.isfile(path):
         raise FileNotFoundError(f"tokenizer file not found: {path}")
     return path

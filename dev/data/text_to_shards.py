@@ -119,7 +119,8 @@ def _encode_document(text):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokenizer", default=None, help="Llama 3 tokenizer.model (default: $LLAMA3_TOKENIZER)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="Llama 3 tokenizer.model (default: $LLAMA3_TOKENIZER, else the repo's copy)")
     parser.add_argument("--input", required=True, help="a .txt or .jsonl file, or a directory of them")
     parser.add_argument("--out_dir", required=True, help="where the shards go")
     parser.add_argument("--prefix", default=None, help="shard name prefix (default: the input's base name)")

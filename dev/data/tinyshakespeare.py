@@ -2,8 +2,9 @@
 Tokenizes tiny shakespeare with the Llama 3 tokenizer into llm.c-style shards:
     <out_dir>/tiny_shakespeare_val.bin and <out_dir>/tiny_shakespeare_train.bin
 
-The corpus is read from a local file: --input, else $TINYSHAKESPEARE_TXT. It is downloaded only when --url is given
-(and then saved to <out_dir>/tiny_shakespeare.txt).
+The corpus is read from a local file: --input, else $TINYSHAKESPEARE_TXT, else the copy the repo ships
+(dev/data/tinyshakespeare.txt). It is downloaded only when --url is given (and then saved to
+<out_dir>/tiny_shakespeare.txt).
 
 Documents: the text is cut at blank lines ("\\n\\n"), so each speaker's paragraph is one document, as llm.c does.
 Every document is <|begin_of_text|> followed by its text; the text keeps the "\\n\\n" that ended it (all but the last
@@ -48,25 +49,29 @@ def split_val_train(doc_tokens, val_tokens):
     return flat(doc_tokens[:num_val_docs]), flat(doc_tokens[num_val_docs:]), num_val_docs
 
 
+DEFAULT_CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tinyshakespeare.txt")
+
+
 def read_corpus(args):
     path = args.input or os.environ.get("TINYSHAKESPEARE_TXT")
-    if path:
-        with open(path, "r", encoding="utf-8") as f:
-            return f.read()
-    if args.url:
+    if not path and args.url:
         os.makedirs(args.out_dir, exist_ok=True)
         path = os.path.join(args.out_dir, "tiny_shakespeare.txt")
         print(f"downloading {args.url} -> {path}")
         urllib.request.urlretrieve(args.url, path)
-        with open(path, "r", encoding="utf-8") as f:
-            return f.read()
-    sys.exit("error: no corpus: pass --input PATH, set TINYSHAKESPEARE_TXT, or pass --url to download it")
+    path = path or DEFAULT_CORPUS
+    if not os.path.isfile(path):
+        sys.exit(f"error: corpus file not found: {path}")
+    with open(path, "r", encoding="utf-8") as f:
+        return f.read()
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokenizer", default=None, help="Llama 3 tokenizer.model (default: $LLAMA3_TOKENIZER)")
-    parser.add_argument("--input", default=None, help="tiny shakespeare text (default: $TINYSHAKESPEARE_TXT)")
+    parser.add_argument("--tokenizer", default=None, help="Llama 3 tokenizer.model (default: $LLAMA3_TOKENIZER, "
+                        "else dev/data/llama3/tokenizer.model)")
+    parser.add_argument("--input", default=None,
+                        help="tiny shakespeare text (default: $TINYSHAKESPEARE_TXT, else dev/data/tinyshakespeare.txt)")
     parser.add_argument("--url", default=None, help="download the corpus from here if no local file is given")
     parser.add_argument("--out_dir", default="data/tinyshakespeare", help="where the two .bin shards go")
     parser.add_argument("--val_tokens", type=int, default=32768, help="validation split size, whole documents")

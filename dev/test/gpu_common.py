@@ -1,8 +1,10 @@
 """
-What the GPU test files share: whether this machine has GPUs, and the CUDA binaries, built into a temporary directory
-from a copy of the sources (so a test run never rebuilds the binaries in the repo root under the user).
+What the GPU test files share: whether this machine has GPUs and PyTorch, and the CUDA binaries, built into a
+temporary directory from a copy of the sources (so a test run never rebuilds the binaries in the repo root under the
+user).
 """
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -21,6 +23,22 @@ def gpu_count():
 
 
 requires_gpu = pytest.mark.skipif(gpu_count() == 0, reason="no GPU on this machine")
+
+
+def skip_without_torch():
+    """For fixtures that run scripts/train_llama3.py: skips the tests that use them where PyTorch is missing."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("needs PyTorch (scripts/train_llama3.py writes the reference)")
+
+
+def copy_sources(dst):
+    """A copy of the repo's sources at dst (no .git, build outputs, data or runs), to run make targets in."""
+    top_level_outputs = {".git", ".venv", "data", "runs", "out", ".devdata", "train_llama3cu", "test_llama3cu"}
+    ignore = lambda folder, names: [n for n in names if (os.path.samefile(folder, ROOT) and n in top_level_outputs)
+                                    or n in ("bin", "__pycache__", ".pytest_cache") or n.startswith(".precision_")
+                                    or n.startswith(".use_mpi_")]
+    shutil.copytree(ROOT, dst, ignore=ignore)
+    return str(dst)
 
 
 def build_binaries(out_dir, precisions=("FP32", "BF16"), targets=("train", "test"), make_flags=()):

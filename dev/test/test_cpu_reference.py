@@ -114,7 +114,8 @@ def debug_layout(name):
     dh = np.fromfile(debug, dtype=np.int32, count=64)
     B, T, V = int(dh[2]), int(dh[3]), int(dh[4])
     grads = HEADER_BYTES + 4 * (2 * B * T + B * T * V + 1)
-    return {"grads": grads, "V": V, "C": int(mh[4])}
+    step_losses = grads + os.path.getsize(model) - HEADER_BYTES  # the model is fp32: as many floats as gradients
+    return {"grads": grads, "step_losses": step_losses, "V": V, "C": int(mh[4])}
 
 
 def test_perturbed_gradient_fails(tmp_path):
@@ -133,8 +134,7 @@ def test_perturbed_gradient_fails(tmp_path):
 def test_perturbed_step_loss_fails(tmp_path):
     model, debug = fixture("tied")
     bad = tmp_path / "perturbed_debug.bin"
-    size = os.path.getsize(debug)
-    perturb(debug, bad, size - 4 * 20 + 4 * 7, 1e-4)  # step 8's loss, off by 1e-4
+    perturb(debug, bad, debug_layout("tied")["step_losses"] + 4 * 7, 1e-4)  # step 8's loss, off by 1e-4
     result = run_reference(model, bad)
     assert result.returncode != 0
     failing = [l for l in result.stdout.splitlines() if l.endswith("FAIL")]

@@ -3,10 +3,9 @@ Tests of the data pipeline: the Python shard and tokenizer tools (dev/data/) and
 (llmc/dataloader.h, llmc/tokenizer.h) through the test programs dev/test/test_dataloader and dev/test/test_tokenizer,
 which `make` builds.
 
-The tests that need the real Llama 3 tokenizer or the tiny shakespeare corpus take their paths from LLAMA3_TOKENIZER
-and TINYSHAKESPEARE_TXT and are skipped when those are unset.
-
-    LLAMA3_TOKENIZER=.../tokenizer.model TINYSHAKESPEARE_TXT=.../tinyshakespeare.txt python -m pytest -q dev/test/test_data.py
+The tests that need the real Llama 3 tokenizer or the tiny shakespeare corpus use the repo's copies
+(dev/data/llama3/tokenizer.model, dev/data/tinyshakespeare.txt), or the files LLAMA3_TOKENIZER and TINYSHAKESPEARE_TXT
+name.
 """
 
 import json
@@ -304,10 +303,13 @@ def test_dataloader_good_shard_passes_the_same_run(tmp_path):
 # Tokenizer and tiny shakespeare (need the real files)
 
 
+SHIPPED = {"LLAMA3_TOKENIZER": DATA_SCRIPTS / "llama3" / "tokenizer.model",
+           "TINYSHAKESPEARE_TXT": DATA_SCRIPTS / "tinyshakespeare.txt"}
+
+
 def env_path(name):
-    path = os.environ.get(name)
-    if not path:
-        pytest.skip(f"{name} is not set (path to the real file)")
+    """The file the environment variable `name` names, else the repo's copy."""
+    path = os.environ.get(name) or str(SHIPPED[name])
     if not os.path.isfile(path):
         pytest.fail(f"{name}={path} does not exist")
     return path

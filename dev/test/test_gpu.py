@@ -5,17 +5,22 @@ Skipped when no GPU is present (CI has none); `make test` runs them on a GPU mac
 They build train_llama3cu / test_llama3cu in both precisions into a temporary directory and write the debug states
 with scripts/train_llama3.py (PyTorch with CUDA) for:
   - test-gqa (GQA group 3, separate lm_head, V=259) and test-tied (MQA, tied, RoPE scaling): the fixtures' configs
+  - test-mha: head dim 128 with n_kv_heads == n_heads, T = 100 (a ragged last attention tile)
   - llama3.2-1B at depth 2 (the real widths: dim 2048, 32 heads, 8 kv heads, vocab 128256, tied, RoPE scaling x32)
+  - llama3.2-3B at depth 2 (head dim 128 at the real widths: dim 3072, 24 heads, 8 kv heads)
+The FP32 build is held to fixed bounds, the BF16 build to a multiple of PyTorch's own bf16 autocast error on the same
+case (test_llama3.cu says which).
 """
 
 import os
 import re
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
-from gpu_common import build_binaries, requires_gpu
+from gpu_common import build_binaries, requires_gpu, skip_without_torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,17 +41,20 @@ def build(tmp_path_factory):
 DEBUG_CASES = {
     "test-gqa": ["--config", "test-gqa", "-B", "2", "-T", "13", "--lr", "3e-3"],
     "test-tied": ["--config", "test-tied", "-B", "3", "-T", "19", "--lr", "3e-3", "--grad_clip", "0.5"],
+    "test-mha": ["--config", "test-mha", "-B", "2", "-T", "100", "--lr", "3e-3"],
     "llama3.2-1B-d2": ["--config", "llama3.2-1B", "--depth", "2", "-B", "2", "-T", "64", "--lr", "1e-4"],
+    "llama3.2-3B-d2": ["--config", "llama3.2-3B", "--depth", "2", "-B", "2", "-T", "64", "--lr", "1e-4"],
 }
 
 
 @pytest.fixture(scope="module")
 def debug_states(tmp_path_factory):
+    skip_without_torch()
     out = tmp_path_factory.mktemp("debug")
     states = {}
     for name, args in DEBUG_CASES.items():
         model, debug = out / f"{name}_model.bin", out / f"{name}_debug.bin"
-        result = run(["python3", "scripts/train_llama3.py", *args, "--steps", "10", "--device", "cuda",
+        result = run([sys.executable, "scripts/train_llama3.py", *args, "--steps", "10", "--device", "cuda",
                       "--write_model", str(model), "--write_debug", str(debug)])
         assert result.returncode == 0, result.stdout + result.stderr
         states[name] = (str(model), str(debug))
@@ -75,9 +83,10 @@ def test_tie_out_with_recompute(build, debug_states, precision):
 @pytest.fixture(scope="module")
 def small_run_inputs(tmp_path_factory):
     """A test-gqa checkpoint and token shards (ids < 259) for trainer runs."""
+    skip_without_torch()
     out = tmp_path_factory.mktemp("run")
     model = out / "model.bin"
-    result = run(["python3", "scripts/train_llama3.py", "--config", "test-gqa", "--steps", "0", "--device", "cpu",
+    result = run([sys.executable, "scripts/train_llama3.py", "--config", "test-gqa", "--steps", "0", "--device", "cpu",
                   "--write_model", str(model)])
     assert result.returncode == 0, result.stdout + result.stderr
     rng = np.random.default_rng(0)

@@ -12,7 +12,8 @@ Needs numpy only (CI):
     extra or missing tensors), each a message naming the file and the field and a non-zero exit, in both readers.
 Needs torch + transformers (skipped otherwise): the export loads with from_pretrained without warnings and gives
 transformers' logits; Meta's consolidated.*.pth layout (built from a fixture) imports to the same checkpoint.
-Needs the Llama 3 tokenizer.model ($LLAMA3_TOKENIZER) and the tokenizers package: tokenizer.json encodes as tiktoken.
+With the Llama 3 tokenizer.model (the repo's copy, or $LLAMA3_TOKENIZER) and the tokenizers package: tokenizer.json
+encodes as tiktoken.
 """
 
 import importlib.util
@@ -559,12 +560,10 @@ def test_meta_layout_import(name, tmp_path):
 
 
 def tokenizer_model():
-    path = os.environ.get("LLAMA3_TOKENIZER", "")
-    return path if os.path.isfile(path) else None
+    return os.environ.get("LLAMA3_TOKENIZER") or os.path.join(ROOT, "dev", "data", "llama3", "tokenizer.model")
 
 
-needs_tokenizer = pytest.mark.skipif(not (tokenizer_model() and have("tokenizers", "tiktoken")),
-                                     reason="needs $LLAMA3_TOKENIZER and the tokenizers + tiktoken packages")
+needs_tokenizer = pytest.mark.skipif(not have("tokenizers", "tiktoken"), reason="needs the tokenizers and tiktoken packages")
 
 
 @pytest.fixture(scope="module")
@@ -595,11 +594,10 @@ def test_tokenizer_json_matches_tiktoken(tokenizer_dir):
     ours = Llama3Tokenizer(tokenizer_model())
     hf = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     texts = list(TEXTS)
-    corpus = os.environ.get("TINYSHAKESPEARE_TXT", "")
-    if os.path.isfile(corpus):
-        with open(corpus) as f:
-            text = f.read()
-        texts += [text[i:i + 2000] for i in range(0, len(text), 50000)]
+    corpus = os.environ.get("TINYSHAKESPEARE_TXT") or os.path.join(ROOT, "dev", "data", "tinyshakespeare.txt")
+    with open(corpus) as f:
+        text = f.read()
+    texts += [text[i:i + 2000] for i in range(0, len(text), 50000)]
     for text in texts:
         assert hf.encode(text, add_special_tokens=False).ids == ours.encode(text), text[:80]
         assert hf.encode(text).ids == ours.encode(text, bos=True)

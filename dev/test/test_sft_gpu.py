@@ -8,7 +8,7 @@ Skipped when no GPU is present (CI has none); `make test` runs them on a GPU mac
     llama3.2-1B at depth 2, and on the committed CPU fixture dev/fixtures/gqa_masked_debug.bin;
   - train_llama3cu (FP32) on masked shards with gradient accumulation against scripts/train_llama3.py on the same
     shards in one batch: the same per-step losses (both are means over the counted targets of the step);
-  - `make finetune` on a d2 model (needs LLAMA3_TOKENIZER).
+  - `make finetune` on a d2 model, run in a copy of the repo (its build and outputs stay out of the checkout).
 """
 
 import os
@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 import pytest
-from gpu_common import build_binaries, requires_gpu
+from gpu_common import build_binaries, copy_sources, requires_gpu, skip_without_torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "dev", "data"))
@@ -29,8 +29,8 @@ import shards  # noqa: E402
 pytestmark = requires_gpu
 
 
-def run(cmd, timeout=900, **kw):
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw)
+def run(cmd, timeout=900, cwd=ROOT, **kw):
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=cwd, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +49,12 @@ MASKED_CASES = {
 
 @pytest.fixture(scope="module")
 def masked_states(tmp_path_factory):
+    skip_without_torch()
     out = tmp_path_factory.mktemp("masked")
     states = {}
     for name, args in MASKED_CASES.items():
         model, debug = out / f"{name}_model.bin", out / f"{name}_debug.bin"
-        result = run(["python3", "scripts/train_llama3.py", *args, "--steps", "10", "--device", "cuda",
+        result = run([sys.executable, "scripts/train_llama3.py", *args, "--steps", "10", "--device", "cuda",
                       "--ignore_fraction", "0.5", "--write_model", model, "--write_debug", debug])
         assert result.returncode == 0, result.stdout + result.stderr
         states[name] = (str(model), str(debug))
@@ -104,8 +105,9 @@ def masked_data(out, vocab=259):
 
 @pytest.fixture(scope="module")
 def masked_run(tmp_path_factory):
+    skip_without_torch()
     out = tmp_path_factory.mktemp("masked_run")
-    result = run(["python3", "scripts/train_llama3.py", "--config", "test-gqa", "--steps", "0", "--device", "cpu",
+    result = run([sys.executable, "scripts/train_llama3.py", "--config", "test-gqa", "--steps", "0", "--device", "cpu",
                   "--write_model", out / "model.bin"])
     assert result.returncode == 0, result.stdout + result.stderr
     return masked_data(out)
@@ -123,7 +125,7 @@ def test_trainer_matches_pytorch_on_masked_shards(build, masked_run):
                    "-j", "", "-b", "2", "-t", "32", "-g", "128", "-f", "0", "-x", steps, "-l", "1e-3", "-k",
                    "constant", "-u", "0"])
     assert trainer.returncode == 0, trainer.stdout + trainer.stderr
-    ref = run(["python3", "scripts/train_llama3.py", "--model", masked_run / "model.bin", "--input_bin",
+    ref = run([sys.executable, "scripts/train_llama3.py", "--model", masked_run / "model.bin", "--input_bin",
                masked_run / "m_train.bin", "-B", "4", "-T", "32", "--steps", steps, "--lr", "1e-3", "--device",
                "cuda"])
     assert ref.returncode == 0, ref.stdout + ref.stderr
@@ -157,7 +159,7 @@ def test_val_loss_is_the_mean_over_counted_targets(build, masked_run, tmp_path):
     val_loss = float(re.search(r"step 0 \| val loss (\S+)", result.stdout).group(1))
     train_loss = step_losses(result.stdout)[0][1]
     assert abs(val_loss - train_loss) <= 1e-5  # the same batch, the same mean, before the update
-    ref = run(["python3", "scripts/train_llama3.py", "--model", masked_run / "model.bin", "--input_bin",
+    ref = run([sys.executable, "scripts/train_llama3.py", "--model", masked_run / "model.bin", "--input_bin",
                tmp_path / "v.bin", "-B", "4", "-T", "32", "--steps", "1", "--device", "cuda"])
     assert ref.returncode == 0, ref.stdout + ref.stderr
     assert abs(step_losses(ref.stdout)[0][1] - val_loss) <= 1e-4
@@ -181,16 +183,15 @@ def test_prompt_flag(build, masked_run, tmp_path):
 
 
 def test_make_finetune(tmp_path):
-    tokenizer = os.environ.get("LLAMA3_TOKENIZER")
-    if not tokenizer or not os.path.isfile(tokenizer):
-        pytest.skip("LLAMA3_TOKENIZER is not set (path to the real tokenizer.model)")
+    skip_without_torch()
+    repo = copy_sources(tmp_path / "repo")
     model = tmp_path / "d2.bin"
-    result = run(["python3", "scripts/train_llama3.py", "--config", "d2", "--steps", "0", "--device", "cpu",
+    result = run([sys.executable, "scripts/train_llama3.py", "--config", "d2", "--steps", "0", "--device", "cpu",
                   "--write_model", model])
     assert result.returncode == 0, result.stdout + result.stderr
     result = run(["make", "finetune", f"MODEL={model}", f"FT_DATA_DIR={tmp_path / 'data'}",
-                  f"FT_RUN_DIR={tmp_path / 'run'}", "FT_T=256", "FT_STEPS=30", "FT_FLAGS=-b 4 -l 3e-3 -u 3 -v 10 -m -1"],
-                 timeout=1800)
+                  f"FT_RUN_DIR={tmp_path / 'run'}", "FT_T=256", "FT_STEPS=30", "FT_FLAGS=-b 4 -l 3e-3 -u 3 -v 10 -m -1",
+                  f"PYTHON={sys.executable}"], timeout=1800, cwd=repo)
     print(result.stdout[-3000:])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     vals = [float(v) for v in re.findall(r"step \d+ \| val loss (\S+)", result.stdout)]
