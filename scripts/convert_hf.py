@@ -411,6 +411,9 @@ def config_to_hf(c, dtype):
         "rope_theta": c["rope_theta"], "rope_scaling": rope_scaling, "tie_word_embeddings": bool(c["tied_embeddings"]),
         "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False, "pretraining_tp": 1,
         "initializer_range": 0.02, "use_cache": True, "torch_dtype": {"fp32": "float32", "bf16": "bfloat16"}[dtype],
+        # the config format of Meta's Llama 3.2 release; transformers 5 reads the field, and without it some versions
+        # warn that the tokenizer next to it might have Mistral's broken regex
+        "transformers_version": "4.45.0",
     }
     if c["vocab_size"] >= LLAMA3_VOCAB:  # the Llama 3 special tokens exist
         cfg["bos_token_id"] = BOS_ID

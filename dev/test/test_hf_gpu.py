@@ -61,7 +61,7 @@ def test_llama32_shaped_dir_ties_out(fp32_build, tmp_path):
                             rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0,
                                                  low_freq_factor=1.0, high_freq_factor=4.0,
                                                  original_max_position_embeddings=8192)),
-                dtype=torch.bfloat16, max_shard_size="200MB", seed=3, lr=1e-4)
+                dtype=torch.bfloat16, max_shard_size="200MB", seed=3, lr=1e-5)
     make("llama32_d2", spec, str(tmp_path))
     assert os.path.exists(tmp_path / "llama32_d2" / "model.safetensors.index.json")
     assert_ties_out(run([fp32_build["test"], tmp_path / "llama32_d2", tmp_path / "llama32_d2_debug.bin"]))

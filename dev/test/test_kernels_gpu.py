@@ -23,6 +23,7 @@ KERNELS = sorted(p.stem for p in Path(ROOT, "dev", "cuda").glob("*.cu"))
 def kernel_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("kernels")
     shutil.copytree(Path(ROOT, "llmc"), out / "llmc")
+    shutil.copytree(Path(ROOT, "dev", "cpu"), out / "dev" / "cpu")  # the CPU reference the checks compare against
     shutil.copytree(Path(ROOT, "dev", "cuda"), out / "dev" / "cuda", ignore=shutil.ignore_patterns("bin"))
     cuda_dir = out / "dev" / "cuda"
     result = subprocess.run(["make", "-j", str(os.cpu_count() or 4), "all"], cwd=cuda_dir, capture_output=True,
