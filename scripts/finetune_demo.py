@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -39,19 +40,22 @@ from shards import read_loss_mask, read_shard  # noqa: E402
 
 CHAT_VAL = os.path.join(REPO, "dev", "data", "chat", "chat_val.jsonl")
 
-# A Llama 3.2-shaped model, small: 512 wide, 4 layers, 8 query heads sharing 2 kv heads, FFN 3x, tied embeddings.
-MODEL_CONFIG = dict(vocab_size=128256, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                    num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=131072, rms_norm_eps=1e-5,
+# A Llama 3.2-shaped model, small: 256 wide, 4 layers, 4 query heads of 64 sharing 2 kv heads, FFN 4x, tied
+# embeddings (33M parameters in the embedding, 3M in the layers).
+MODEL_CONFIG = dict(vocab_size=128256, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=131072, rms_norm_eps=1e-5,
                     tie_word_embeddings=True, bos_token_id=128000, eos_token_id=[128001, 128008, 128009],
                     rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
                                          high_freq_factor=4.0, original_max_position_embeddings=8192))
 SEED = 1234
 
 # `make finetune` settings. The 900 train conversations pack into 74 rows of 512 tokens (10,742 answer tokens), so
-# with 4 rows a step an epoch is 18 steps. A model from a random init needs a pretraining-like lr and many epochs
-# to learn the answers' patterns; a released model would take the Makefile's defaults (lr 2e-5, 40 steps).
-FINETUNE = dict(FT_T=512, FT_STEPS=400, FT_FLAGS="-b 4 -l 2e-3 -u 20 -v 50 -m -1",
-                FT_PROMPT="Which day follows Friday?")
+# with 4 rows a step an epoch is 18 steps. A model from a random init needs a pretraining-like lr and many epochs:
+# the answers' shared phrasing comes within a few epochs, copying the question's words and numbers into the answer
+# and the lookups (the day after Tuesday) take longer. A step of this model takes milliseconds, so the run is short
+# anyway; a released model would take the Makefile's defaults (lr 2e-5, 40 steps). FT_PROMPT is a val question.
+FINETUNE = dict(FT_T=512, FT_STEPS=1500, FT_FLAGS="-b 4 -l 2e-3 -u 50 -v 100 -m -1",
+                FT_PROMPT="Which day follows Tuesday?")
 B, T = 4, 512  # FT_FLAGS' -b and FT_T: the val loss below covers the same rows as the trainer's
 
 
@@ -165,12 +169,13 @@ def answer_questions(model_dir, tokenizer_path, conversations, device, max_new_t
     return results
 
 
-def write_summary(path, before, after, hf_before, hf_after, sample, results, shown=12):
+def write_summary(path, settings, seconds, before, after, hf_before, hf_after, sample, results, shown=12):
     exact = sum(expected == answer for _, expected, answer in results)
     lines = [
         "Fine-tune of a random-init transformers Llama (scripts/finetune_demo.py) on dev/data/chat",
         f"model: {json.dumps(MODEL_CONFIG)}",
-        f"make finetune: {json.dumps(FINETUNE)}",
+        f"make finetune: {json.dumps(settings)}",
+        f"wall time: {seconds['make']:.0f} s in make finetune (the build included), {seconds['total']:.0f} s in all",
         "",
         f"val loss before: {before:.4f} (trainer, step 0), {hf_before:.4f} (transformers, the starting model)",
         f"val loss after:  {after:.4f} (trainer, last step), {hf_after:.4f} (transformers, the export)",
@@ -191,10 +196,14 @@ def write_summary(path, before, after, hf_before, hf_after, sample, results, sho
 
 
 def main():
+    start = time.monotonic()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.environ.get("OUT"), help="output directory (default: $OUT)")
     parser.add_argument("--tokenizer", default=None, help="Llama 3 tokenizer.model (default: $LLAMA3_TOKENIZER)")
+    parser.add_argument("--steps", type=int, default=FINETUNE["FT_STEPS"], help="training steps (default %(default)s)")
     args = parser.parse_args()
+    if args.steps < 1:
+        sys.exit(f"error: --steps {args.steps} must be >= 1")
     if not args.out:
         sys.exit("error: give --out DIR (or set OUT)")
     out = os.path.abspath(args.out)
@@ -212,7 +221,10 @@ def main():
 
     base = os.path.join(out, "base")
     make_base_model(base)
-    output = run_finetune(base, out, tokenizer_path)
+    settings = dict(FINETUNE, FT_STEPS=args.steps)
+    make_start = time.monotonic()
+    output = run_finetune(base, out, tokenizer_path, settings)
+    seconds = {"make": time.monotonic() - make_start}
     shutil.copy(os.path.join(out, "run", "loss.png"), os.path.join(out, "loss.png"))
 
     losses = trainer_val_losses(os.path.join(out, "run", "log.txt"))
@@ -221,8 +233,9 @@ def main():
     export = os.path.join(out, "run", "hf")
     hf_after = val_loss(load(export, "cuda"), shard, B, T, "cuda")
     results = answer_questions(export, tokenizer_path, read_conversations(), "cuda")
-    summary = write_summary(os.path.join(out, "summary.txt"), losses[0], losses[max(losses)], hf_before, hf_after,
-                            last_sample(output), results)
+    seconds["total"] = time.monotonic() - start
+    summary = write_summary(os.path.join(out, "summary.txt"), settings, seconds, losses[0], losses[max(losses)],
+                            hf_before, hf_after, last_sample(output), results)
     print("\n" + summary + f"\nwrote {out}/summary.txt and {out}/loss.png")
 
 

@@ -22,8 +22,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 TOKENIZER = os.environ.get("LLAMA3_TOKENIZER", "")
+MODULES = ("torch", "transformers", "tiktoken")
 pytestmark = pytest.mark.skipif(
-    not all(importlib.util.find_spec(m) for m in ("torch", "transformers", "tiktoken")) or not os.path.isfile(TOKENIZER),
+    not all(importlib.util.find_spec(m) for m in MODULES) or not os.path.isfile(TOKENIZER),
     reason="needs torch, transformers, tiktoken and $LLAMA3_TOKENIZER")
 
 B, T = 2, 512
@@ -99,7 +100,7 @@ def test_exported_tokenizer_decodes_text_unchanged(round_trip):
 
 
 def test_summary_parsing(tmp_path):
-    from finetune_demo import last_sample, trainer_val_losses
+    from finetune_demo import FINETUNE, last_sample, trainer_val_losses, write_summary
 
     log = tmp_path / "log.txt"
     log.write_text("step 0 val_loss 11.9\nstep 1 train_loss 11.8 norm 1.0\nstep 50 val_loss 1.25\n"
@@ -110,3 +111,10 @@ def test_summary_parsing(tmp_path):
     assert last_sample(output) == ("sample: <|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>"
                                    "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>")
     assert last_sample("no samples here") == ""
+    results = [([{"role": "user", "content": "Hi?"}], "Hello.", "Hello."),
+               ([{"role": "user", "content": "Bye?"}], "Bye.", "Hello.")]
+    text = write_summary(tmp_path / "summary.txt", FINETUNE, {"make": 60.0, "total": 90.0}, 11.9, 0.5, 11.8, 0.51,
+                         "sample: x", results)
+    assert (tmp_path / "summary.txt").read_text() == text
+    assert "val loss before: 11.9000 (trainer, step 0), 11.8000" in text and "2 assistant turns" in text
+    assert "1 exact (50%)" in text and "A: Hello.   [exact]" in text and "A: Hello.   [expected: Bye.]" in text
