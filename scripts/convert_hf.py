@@ -814,7 +814,8 @@ def write_tokenizer(model_path, out_dir, max_length):
         "bos_token": bos,
         "eos_token": "<|eot_id|>",
         "chat_template": LLAMA3_CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": True,
+        # no clean-up: it would drop the space in "the letter 's'" and transformers 5 warns that it is wrong for BPE
+        "clean_up_tokenization_spaces": False,
         "model_input_names": ["input_ids", "attention_mask"],
         "model_max_length": max_length,
         "tokenizer_class": "PreTrainedTokenizerFast",
