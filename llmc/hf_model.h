@@ -420,7 +420,10 @@ inline hf_json hf_config_json(const Llama3Config& c, int dtype) {
                  {"rope_scaling", rope_scaling}, {"tie_word_embeddings", c.tied_embeddings == 1},
                  {"attention_bias", false}, {"attention_dropout", 0.0}, {"mlp_bias", false}, {"pretraining_tp", 1},
                  {"initializer_range", 0.02}, {"use_cache", true},
-                 {"torch_dtype", dtype == DTYPE_FP32 ? "float32" : "bfloat16"}};
+                 {"torch_dtype", dtype == DTYPE_FP32 ? "float32" : "bfloat16"},
+                 // the config format of Meta's Llama 3.2 release; transformers 5 reads the field, and without it some
+                 // versions warn that the tokenizer next to it might have Mistral's broken regex
+                 {"transformers_version", "4.45.0"}};
     if (c.vocab_size >= LLAMA3_VOCAB_SIZE) {  // the Llama 3 special tokens exist
         j["bos_token_id"] = 128000;
         j["eos_token_id"] = {128001, 128008, 128009};

@@ -14,7 +14,7 @@ Import, fine-tune and export end to end on one GPU in a few minutes: a model mad
      and of the export itself, to set beside the trainer's;
   4. OUT/summary.txt holds those numbers and some answers; OUT/loss.png the loss curve.
 
-    LLAMA3_TOKENIZER=path/to/tokenizer.model python3 scripts/finetune_demo.py --out runs/demo
+    python3 scripts/finetune_demo.py --out runs/demo
 
 Needs a GPU, nvcc (make builds train_llama3cu when it is not up to date), torch and transformers 5. OUT must be new
 or empty; it gets base/ (the starting model), data/ (chat shards), run/ (log.txt, the final checkpoint, hf/ the
@@ -199,7 +199,7 @@ def main():
     start = time.monotonic()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.environ.get("OUT"), help="output directory (default: $OUT)")
-    parser.add_argument("--tokenizer", default=None, help="Llama 3 tokenizer.model (default: $LLAMA3_TOKENIZER)")
+    parser.add_argument("--tokenizer", default=None, help="Llama 3 tokenizer.model (default: $LLAMA3_TOKENIZER, else the repo's copy)")
     parser.add_argument("--steps", type=int, default=FINETUNE["FT_STEPS"], help="training steps (default %(default)s)")
     args = parser.parse_args()
     if args.steps < 1:

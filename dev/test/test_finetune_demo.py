@@ -8,7 +8,7 @@ A tiny random-init model made as the demo makes its own goes through the convert
     checks it), and every assistant turn gets an answer;
   - the exported tokenizer decodes text back unchanged and without warnings (no clean-up of spaces);
   - the log and sample parsing the summary relies on.
-Needs torch, transformers and the Llama 3 tokenizer.model ($LLAMA3_TOKENIZER); skipped otherwise (CI).
+Needs torch, transformers and tiktoken (the repo's tokenizer.model, or $LLAMA3_TOKENIZER); skipped otherwise (CI).
 """
 
 import importlib.util
@@ -21,11 +21,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-TOKENIZER = os.environ.get("LLAMA3_TOKENIZER", "")
+TOKENIZER = os.environ.get("LLAMA3_TOKENIZER") or os.path.join(ROOT, "dev", "data", "llama3", "tokenizer.model")
 MODULES = ("torch", "transformers", "tiktoken")
 pytestmark = pytest.mark.skipif(
     not all(importlib.util.find_spec(m) for m in MODULES) or not os.path.isfile(TOKENIZER),
-    reason="needs torch, transformers, tiktoken and $LLAMA3_TOKENIZER")
+    reason="needs torch, transformers and tiktoken")
 
 B, T = 2, 512
 
