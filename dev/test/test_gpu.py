@@ -43,7 +43,7 @@ DEBUG_CASES = {
     "test-tied": ["--config", "test-tied", "-B", "3", "-T", "19", "--lr", "3e-3", "--grad_clip", "0.5"],
     "test-mha": ["--config", "test-mha", "-B", "2", "-T", "100", "--lr", "1e-3"],
     "llama3.2-1B-d2": ["--config", "llama3.2-1B", "--depth", "2", "-B", "2", "-T", "64", "--lr", "1e-4"],
-    "llama3.2-3B-d2": ["--config", "llama3.2-3B", "--depth", "2", "-B", "2", "-T", "64", "--lr", "3e-5"],
+    "llama3.2-3B-d2": ["--config", "llama3.2-3B", "--depth", "2", "-B", "2", "-T", "64", "--lr", "1e-5"],
 }
 
 
