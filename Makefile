@@ -121,9 +121,10 @@ train_llama3cu: train_llama3.cu $(HEADERS) .precision_$(PRECISION) .use_mpi_$(US
 test_llama3cu: test_llama3.cu train_llama3.cu $(HEADERS) .precision_$(PRECISION)
 	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LIBS) -o $@
 
-# CPU tests always; the GPU tests (dev/test/test_gpu.py) skip themselves when no GPU is present.
-# -rs: the closing summary names every skipped test and why.
-test: cpu
+# CPU tests always; the GPU tests (dev/test/*_gpu.py) skip themselves when no GPU is present. Where nvcc is, the
+# trainer is built (as `make` would) for the flag and file checks of test_reliability.py; the GPU tests build their
+# own binaries in temporary directories. -rs: the closing summary names every skipped test and why.
+test: cpu $(if $(HAVE_NVCC),cuda,)
 	$(PYTHON) -m pytest -q -rs dev/test
 
 DATA_DIR ?= data/tinyshakespeare

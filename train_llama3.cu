@@ -30,6 +30,7 @@
 #include "llmc/hf_model.h"
 #include "llmc/cuda_common.h"
 #include "llmc/dataloader.h"
+#include "llmc/hash.h"
 #include "llmc/tokenizer.h"
 #include "llmc/schedule.h"
 #include "llmc/profiler.h"
@@ -1045,9 +1046,7 @@ static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, 
         for (int i = 0; i < c.vocab_size; i++) maxval = std::max(maxval, (float)logits[i]);
         double sum = 0.0;
         for (int i = 0; i < c.vocab_size; i++) sum += probs[i] = expf((float)logits[i] - maxval);
-        // xorshift64*: a uniform in [0, 1) for inverse-CDF sampling
-        *rng ^= *rng >> 12; *rng ^= *rng << 25; *rng ^= *rng >> 27;
-        double u = (double)((*rng * 2685821657736338717ull) >> 11) / 9007199254740992.0 * sum;
+        double u = random_unit(rng) * sum;  // inverse-CDF sampling
         int next = c.vocab_size - 1;
         for (int i = 0; i < c.vocab_size; i++) {
             u -= probs[i];

@@ -6,6 +6,8 @@
 //                  order (SplitMix64 in dataloader.h) and the matmul output fingerprint.
 //   hash32(x):     32 -> 32 bits, the "lowbias32" mixer: cheap enough for the optimizer's per-element stochastic
 //                  rounding bits, where every integer instruction shows.
+//   random_unit(&state): the one sequential generator (xorshift64*, host only): a double in [0, 1) per call, for
+//                  the sampler, whose state is saved in the checkpoint so a resumed run samples the same text.
 // Both mix every input bit into every output bit. Changing either changes the init, the data order and the bf16
 // rounding of every run: the values are part of the trainer's reproducibility.
 #pragma once
@@ -34,4 +36,12 @@ HASH_FUNC uint32_t hash32(uint32_t x) {
     x *= 0x846ca68bU;
     x ^= x >> 16;
     return x;
+}
+
+// xorshift64* (Vigna): advances *state (never 0) and returns its top 53 bits as a double in [0, 1).
+inline double random_unit(uint64_t* state) {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (double)((*state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
 }
