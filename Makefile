@@ -123,9 +123,12 @@ test_llama3cu: test_llama3.cu train_llama3.cu $(HEADERS) .precision_$(PRECISION)
 
 # CPU tests always; the GPU tests (dev/test/*_gpu.py) skip themselves when no GPU is present. Where nvcc is, the
 # trainer is built (as `make` would) for the flag and file checks of test_reliability.py; the GPU tests build their
-# own binaries in temporary directories. -rs: the closing summary names every skipped test and why.
+# own binaries in temporary directories. -rs: the closing summary names every skipped test and why. The test files
+# run in parallel (pytest-xdist, one file per worker, TEST_JOBS workers): on a GPU machine the suites take about a
+# third of the time they take one after another.
+TEST_JOBS ?= auto
 test: cpu $(if $(HAVE_NVCC),cuda,)
-	$(PYTHON) -m pytest -q -rs dev/test
+	$(PYTHON) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile dev/test
 
 DATA_DIR ?= data/tinyshakespeare
 RUN_DIR ?= runs/tinyshakespeare_d6

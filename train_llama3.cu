@@ -604,15 +604,15 @@ struct Llama3 {
                 prof.begin("bwd recompute");
                 rmsnorm_forward(ln2, rstd2, mid, p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
                 if (recompute >= 2) matmul_forward(h13, ln2, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, stream);
-                swiglu_forward(hact, h13, N, F, stream);
                 rmsnorm_forward(ln1, rstd1, x, p.attn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
                 prof.end();
             }
-            // the MLP branch: dresidual is the gradient of its output
+            // the MLP branch: dresidual is the gradient of its output. The w2 weight gradient comes after the swiglu
+            // backward, which also recomputes hact (at recompute level 1 and up) from its one pass over h13.
             prof.begin("bwd w2 matmul + swiglu");
-            matmul_backward(a.dhact.ptr, g.w2, a.dresidual.ptr, hact, p.w2 + (size_t)l * C * F, N,
-                            F, C, stream);
-            swiglu_backward(a.dh13.ptr, a.dhact.ptr, h13, N, F, stream);
+            matmul_backward(a.dhact.ptr, nullptr, a.dresidual.ptr, nullptr, p.w2 + (size_t)l * C * F, N, F, C, stream);
+            swiglu_backward(a.dh13.ptr, recompute >= 1 ? hact : nullptr, a.dhact.ptr, h13, N, F, stream);
+            matmul_backward(nullptr, g.w2, a.dresidual.ptr, hact, p.w2 + (size_t)l * C * F, N, F, C, stream);
             prof.end();
             prof.begin("bwd w13 matmul + norm");
             matmul_backward(a.dnorm.ptr, g.w13, a.dh13.ptr, ln2,

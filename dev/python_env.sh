@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prints the Python that has the packages of dev/requirements.txt, installing them on first use:
+# Prints the Python that has the packages of dev/requirements.txt (import name = package name, unless the line says
+# "# module: NAME"), installing them on first use:
 #   - python3 itself when it already has them all (nothing is installed, the network is not touched);
 #   - else .venv/bin/python, a virtual environment made once in the repo with --system-site-packages (so a
 #     system-wide PyTorch or numpy stays visible), where pip installs only what is missing. This works where the
@@ -13,7 +14,8 @@ missing() {  # missing PYTHON: the requirements PYTHON cannot import, one per li
 import importlib.util, re, sys
 for line in open(sys.argv[1]):
     name = re.split(r"[<>=~!;\[ ]", line.split("#")[0].strip())[0]
-    if name and importlib.util.find_spec(name) is None:
+    module = re.search(r"#\s*module:\s*(\w+)", line)  # where the import name differs from the package's
+    if name and importlib.util.find_spec(module.group(1) if module else name) is None:
         print(name)
 PY
 }

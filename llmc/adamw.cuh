@@ -1,4 +1,4 @@
-// AdamW with fp32 optimizer state, PyTorch (torch.optim.AdamW) semantics, one thread per parameter.
+// AdamW, PyTorch (torch.optim.AdamW) semantics; a memory-bound kernel with 16-byte accesses (8 elements a thread).
 //
 //   g = grad * grad_scale                          (grad_scale = min(1, max_norm / norm) implements clipping)
 //   p = p - lr * weight_decay * p                  (decoupled weight decay, applied before the Adam step)
@@ -10,7 +10,7 @@
 // weights in expectation. The random bits are a hash of (seed, step, index): reproducible run to run, different
 // every step even if the caller keeps `seed` fixed. Without a master (nullptr), the bf16 parameter itself is read,
 // updated in fp32 and stochastically rounded back. In fp32 builds params are updated exactly; a non-null master
-// is kept equal to them.
+// is kept equal to them. m and v are fp32, or bf16 (stochastically rounded too) to halve their memory.
 #pragma once
 
 #include <cmath>
@@ -41,40 +41,99 @@ __device__ __forceinline__ __nv_bfloat16 stochastic_round_bf16(float x, unsigned
     return __ushort_as_bfloat16((unsigned short)(bits >> 16));
 }
 
-// Writes an updated parameter value to floatX: stochastic rounding for bf16, exact for fp32.
-__device__ __forceinline__ void adamw_store_param(float* dst, float x, unsigned int) { *dst = x; }
-__device__ __forceinline__ void adamw_store_param(__nv_bfloat16* dst, float x, unsigned int random_bits) {
-    *dst = stochastic_round_bf16(x, random_bits);
+// Rounds an updated value into its storage type: stochastically for bf16 (parameters, and m, v with bf16 state, each
+// from its own random bits, so small updates survive on average), exactly for fp32.
+__device__ __forceinline__ void adamw_round(float& dst, float x, unsigned int) { dst = x; }
+__device__ __forceinline__ void adamw_round(__nv_bfloat16& dst, float x, unsigned int random_bits) {
+    dst = stochastic_round_bf16(x, random_bits);
 }
 
-// The optimizer state m, v is fp32, or bf16 to halve its memory (an option for large models). bf16 state is
-// written with stochastic rounding too, from its own random bits, so small updates to m and v survive on average.
-__device__ __forceinline__ void adamw_store_state(float* dst, float x, unsigned int) { *dst = x; }
-__device__ __forceinline__ void adamw_store_state(__nv_bfloat16* dst, float x, unsigned int random_bits) {
-    *dst = stochastic_round_bf16(x, random_bits);
+// The per-step scalars. step_size = lr / (1 - beta1^t), sqrt_bc2 = sqrt(1 - beta2^t), decay = 1 - lr * weight_decay:
+// the same scalars, and the same order of operations, as PyTorch's single-tensor AdamW, so fp32 runs tie out closely.
+// Two random streams: one for the parameter, one whose low and high 16 bits round m and v (bf16 state only; with fp32
+// state the bits are unused and the compiler drops them).
+struct AdamWScalars {
+    float beta1, beta2, step_size, sqrt_bc2, decay, eps, grad_scale;
+    unsigned int seed, step;
+};
+
+// One element: p (fp32, from the master or the parameter) and m, v updated in place, the parameter's floatX value
+// written to param. index: the element's position in its tensor (the random bits depend on it).
+// Every operation is spelled as an intrinsic with round-to-nearest (no FMA contraction the compiler may choose
+// differently in the packed and the element-wise loop, no fast-math division or square root): the same inputs give
+// the same bits on either path, so a tensor updated whole and one updated in shards (multi_gpu.cuh) agree exactly.
+template <typename State>
+__device__ __forceinline__ void adamw_element(const AdamWScalars& s, unsigned int param_stream,
+                                              unsigned int state_stream, size_t index, float grad, float& p, State& m,
+                                              State& v, floatX& param) {
+    float g = __fmul_rn(grad, s.grad_scale);
+    float mi = __fadd_rn(__fmul_rn(s.beta1, to_float(m)), __fmul_rn(__fsub_rn(1.0f, s.beta1), g));
+    float vi = __fadd_rn(__fmul_rn(s.beta2, to_float(v)), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, s.beta2), g), g));
+    const unsigned int state_bits = adamw_random_bits(state_stream, index);
+    adamw_round(m, mi, state_bits);
+    adamw_round(v, vi, state_bits >> 16);
+    p = __fmul_rn(p, s.decay);
+    float denominator = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.sqrt_bc2), s.eps);
+    p = __fsub_rn(p, __fmul_rn(s.step_size, __fdiv_rn(mi, denominator)));
+    adamw_round(param, p, adamw_random_bits(param_stream, index));
 }
 
-// step_size = lr / (1 - beta1^t), sqrt_bc2 = sqrt(1 - beta2^t), decay = 1 - lr * weight_decay: the same scalars,
-// and the same order of operations, as PyTorch's single-tensor AdamW, so fp32 runs tie out closely.
+// Eight consecutive elements of one array, moved with 16-byte loads and stores (one for bf16, two for fp32).
+template <typename T>
+struct alignas(16) Pack8 {
+    T x[8];
+};
+template <typename T>
+__device__ __forceinline__ Pack8<T> load_pack8(const T* src) {
+    Pack8<T> pack;
+#pragma unroll
+    for (int k = 0; k < (int)sizeof(pack) / 16; k++) {
+        reinterpret_cast<int4*>(&pack)[k] = reinterpret_cast<const int4*>(src)[k];
+    }
+    return pack;
+}
+template <typename T>
+__device__ __forceinline__ void store_pack8(T* dst, const Pack8<T>& pack) {
+#pragma unroll
+    for (int k = 0; k < (int)sizeof(pack) / 16; k++) {
+        reinterpret_cast<int4*>(dst)[k] = reinterpret_cast<const int4*>(&pack)[k];
+    }
+}
+
+// Memory-bound: each thread takes packs of 8 elements with 16-byte accesses when `packed` (every array 16-byte
+// aligned at element 0), then the last n % 8 elements (or all of them, unpacked) one by one. Both ways give the same
+// bits: the same arithmetic per element, and random bits that depend on the index only.
 template <typename State>
 __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, State* m, State* v, size_t n,
-                             float beta1, float beta2, float step_size, float sqrt_bc2, float decay, float eps,
-                             float grad_scale, unsigned int seed, unsigned int step, size_t index_offset) {
-    // Two streams: one for the parameter, one whose low and high 16 bits round m and v (bf16 state only; with fp32
-    // state the bits are unused and the compiler drops them).
-    const unsigned int param_stream = adamw_stream(seed, step), state_stream = adamw_stream(seed ^ 0x6d6d7676u, step);
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float g = to_float(grads[i]) * grad_scale;
+                             AdamWScalars s, size_t index_offset, bool packed) {
+    const unsigned int param_stream = adamw_stream(s.seed, s.step);
+    const unsigned int state_stream = adamw_stream(s.seed ^ 0x6d6d7676u, s.step);
+    const size_t thread = (size_t)blockIdx.x * blockDim.x + threadIdx.x, threads = (size_t)gridDim.x * blockDim.x;
+    const size_t n_packs = packed ? n / 8 : 0;
+    for (size_t i = thread; i < n_packs; i += threads) {
+        const size_t at = 8 * i;
+        Pack8<floatX> g = load_pack8(grads + at), param;
+        Pack8<State> mp = load_pack8(m + at), vp = load_pack8(v + at);
+        Pack8<float> p;
+        if (master != nullptr) {
+            p = load_pack8(master + at);
+        } else {
+            param = load_pack8(params + at);
+            for (int k = 0; k < 8; k++) p.x[k] = to_float(param.x[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            adamw_element(s, param_stream, state_stream, index_offset + at + k, to_float(g.x[k]), p.x[k], mp.x[k],
+                          vp.x[k], param.x[k]);
+        store_pack8(m + at, mp);
+        store_pack8(v + at, vp);
+        if (master != nullptr) store_pack8(master + at, p);
+        store_pack8(params + at, param);
+    }
+    for (size_t i = 8 * n_packs + thread; i < n; i += threads) {
         float p = master != nullptr ? master[i] : to_float(params[i]);
-        float mi = beta1 * to_float(m[i]) + (1.0f - beta1) * g;
-        float vi = beta2 * to_float(v[i]) + (1.0f - beta2) * g * g;
-        const unsigned int state_bits = adamw_random_bits(state_stream, index_offset + i);
-        adamw_store_state(m + i, mi, state_bits);
-        adamw_store_state(v + i, vi, state_bits >> 16);
-        p *= decay;
-        p -= step_size * (mi / (sqrtf(vi) / sqrt_bc2 + eps));
+        adamw_element(s, param_stream, state_stream, index_offset + i, to_float(grads[i]), p, m[i], v[i], params[i]);
         if (master != nullptr) master[i] = p;
-        adamw_store_param(params + i, p, adamw_random_bits(param_stream, index_offset + i));
     }
 }
 
@@ -96,14 +155,22 @@ inline void adamw_update(floatX* params, float* master, const floatX* grads, Sta
     // scalars in double, as PyTorch computes them in Python floats
     double bias_correction1 = 1.0 - pow((double)beta1, step);
     double bias_correction2 = 1.0 - pow((double)beta2, step);
-    float step_size = (float)((double)lr / bias_correction1);
-    float sqrt_bc2 = (float)sqrt(bias_correction2);
-    float decay = (float)(1.0 - (double)lr * (double)weight_decay);
+    AdamWScalars s;
+    s.beta1 = beta1;
+    s.beta2 = beta2;
+    s.step_size = (float)((double)lr / bias_correction1);
+    s.sqrt_bc2 = (float)sqrt(bias_correction2);
+    s.decay = (float)(1.0 - (double)lr * (double)weight_decay);
+    s.eps = eps;
+    s.grad_scale = grad_scale;
+    s.seed = seed;
+    s.step = (unsigned int)step;
+    auto aligned = [](const void* p) { return p == nullptr || (uintptr_t)p % 16 == 0; };
+    const bool packed = aligned(params) && aligned(master) && aligned(grads) && aligned(m) && aligned(v);
     const int block = 512;
     // grid-stride: a fixed cap keeps the grid small for multi-billion-element buffers (each thread then loops)
-    size_t blocks = ceil_div<size_t>(n, block);
+    size_t blocks = ceil_div<size_t>(packed ? ceil_div<size_t>(n, 8) : n, block);
     unsigned grid = (unsigned)(blocks < 65536 ? blocks : 65536);
-    adamw_kernel<<<grid, block, 0, stream>>>(params, master, grads, m, v, n, beta1, beta2, step_size, sqrt_bc2, decay,
-                                             eps, grad_scale, seed, (unsigned int)step, index_offset);
+    adamw_kernel<<<grid, block, 0, stream>>>(params, master, grads, m, v, n, s, index_offset, packed);
     cudaCheckLaunch();
 }

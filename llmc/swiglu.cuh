@@ -5,6 +5,8 @@
 //   forward:   out = silu(g) * u,                 silu(g) = g * sigmoid(g)
 //   backward:  dg = dout * u * sigmoid(g) * (1 + g * (1 - sigmoid(g)))      (d silu / dg)
 //              du = dout * silu(g)                dinp = [dg | du] (N, 2F), overwritten
+//              and, optionally, out again: with activation recomputation the backward needs both, and one pass over
+//              inp serves both (bit-identical to the forward's out: the same expression on the same values).
 // All math in fp32, rounded once to floatX on store.
 //
 // One thread per 16 bytes of output (8 bf16 / 4 fp32) when F is a multiple of that and the pointers are 16-byte
@@ -33,13 +35,14 @@ __global__ void swiglu_forward_kernel(floatX* out, const floatX* inp, int N, int
 }
 
 template <int VEC>
-__global__ void swiglu_backward_kernel(floatX* dinp, const floatX* dout, const floatX* inp, int N, int F) {
+__global__ void swiglu_backward_kernel(floatX* dinp, floatX* out, const floatX* dout, const floatX* inp, int N,
+                                       int F) {
     size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;  // into dout (N, F)
     if (idx >= (size_t)N * F) return;
     size_t n = idx / F;
     int f = (int)(idx % F);
     size_t in_off = n * 2 * F + f;
-    float g[VEC], u[VEC], d[VEC], dg[VEC], du[VEC];
+    float g[VEC], u[VEC], d[VEC], dg[VEC], du[VEC], o[VEC];
     load_as_float<VEC>(g, inp + in_off);
     load_as_float<VEC>(u, inp + in_off + F);
     load_as_float<VEC>(d, dout + idx);
@@ -47,9 +50,11 @@ __global__ void swiglu_backward_kernel(floatX* dinp, const floatX* dout, const f
         float s = swiglu_sigmoid(g[j]);
         dg[j] = d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
         du[j] = d[j] * g[j] * s;
+        o[j] = g[j] * s * u[j];
     }
     store_from_float<VEC>(dinp + in_off, dg);
     store_from_float<VEC>(dinp + in_off + F, du);
+    if (out != nullptr) store_from_float<VEC>(out + idx, o);
 }
 
 inline bool swiglu_vec_ok(int F, const void* a, const void* b, const void* c = nullptr) {
@@ -70,17 +75,19 @@ inline void swiglu_forward(floatX* out, const floatX* inp, int N, int F, cudaStr
     cudaCheckLaunch();
 }
 
-// dinp (N, 2F) = [dgate | dup]. Overwrites dinp (must not alias dout or inp).
-inline void swiglu_backward(floatX* dinp, const floatX* dout, const floatX* inp, int N, int F, cudaStream_t stream) {
+// dinp (N, 2F) = [dgate | dup]. Overwrites dinp (must not alias dout or inp). out: nullptr, or (N, F) overwritten
+// with the forward's output (recomputed).
+inline void swiglu_backward(floatX* dinp, floatX* out, const floatX* dout, const floatX* inp, int N, int F,
+                            cudaStream_t stream) {
     if (N <= 0 || F <= 0) return;
     const int block = 256;
     size_t elems = (size_t)N * F;
-    if (swiglu_vec_ok(F, dinp, dout, inp)) {
+    if (swiglu_vec_ok(F, dinp, dout, inp) && swiglu_vec_ok(F, out, dinp)) {
         swiglu_backward_kernel<VEC16>
-            <<<(unsigned)ceil_div<size_t>(elems / VEC16, block), block, 0, stream>>>(dinp, dout, inp, N, F);
+            <<<(unsigned)ceil_div<size_t>(elems / VEC16, block), block, 0, stream>>>(dinp, out, dout, inp, N, F);
     } else {
         swiglu_backward_kernel<1>
-            <<<(unsigned)ceil_div<size_t>(elems, block), block, 0, stream>>>(dinp, dout, inp, N, F);
+            <<<(unsigned)ceil_div<size_t>(elems, block), block, 0, stream>>>(dinp, out, dout, inp, N, F);
     }
     cudaCheckLaunch();
 }

@@ -2,6 +2,7 @@
 //
 //   inp (N, 2F) = [gate | up],  out (N, F) = silu(gate) * up
 //   dinp = [dout * up * silu'(gate) | dout * silu(gate)],  silu'(g) = s (1 + g (1 - s)), s = sigmoid(g)
+//   the backward optionally writes out again (the trainer's recompute): checked bit for bit against the forward.
 //
 // version 1 = llmc/swiglu.cuh. F = 72 and 8192 take the 16-byte path in both precisions, F = 100 only in fp32, F = 50
 // never. Inputs are scaled by 4 so the gate reaches the saturated ends of the sigmoid.
@@ -27,10 +28,21 @@ static void test_case(int N, int F, uint64_t seed) {
     poison(d_out, NF * sizeof(floatX));
     swiglu_forward(d_out, d_inp, N, F, 0);
     poison(d_dinp, 2 * NF * sizeof(floatX));
-    swiglu_backward(d_dinp, d_dout, d_inp, N, F, 0);
+    swiglu_backward(d_dinp, nullptr, d_dout, d_inp, N, F, 0);
     cudaCheck(cudaDeviceSynchronize());
     validate("forward", host_from_device(d_out, NF), ref);
     validate("backward", host_from_device(d_dinp, 2 * NF), dref);
+    // the backward that also recomputes out: the same dinp, and out bit-identical to the forward's
+    floatX *d_out2, *d_dinp2;
+    cudaCheck(cudaMalloc(&d_out2, NF * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_dinp2, 2 * NF * sizeof(floatX)));
+    poison(d_out2, NF * sizeof(floatX));
+    poison(d_dinp2, 2 * NF * sizeof(floatX));
+    swiglu_backward(d_dinp2, d_out2, d_dout, d_inp, N, F, 0);
+    validate_bitwise("backward + recompute: out", d_out2, d_out, NF);
+    validate_bitwise("backward + recompute: dinp", d_dinp2, d_dinp, 2 * NF);
+    cudaCheck(cudaFree(d_out2));
+    cudaCheck(cudaFree(d_dinp2));
 
     cudaCheck(cudaFree(d_inp));
     cudaCheck(cudaFree(d_dout));
@@ -58,8 +70,10 @@ int main(int argc, char** argv) {
     cudaCheck(cudaMalloc(&d_dinp, 2 * NF * sizeof(floatX)));
     float ms = benchmark_ms(20, [&] { swiglu_forward(d_out, d_inp, N, F, 0); });
     report_bandwidth("forward", ms, 3.0 * NF * sizeof(floatX));
-    ms = benchmark_ms(20, [&] { swiglu_backward(d_dinp, d_dout, d_inp, N, F, 0); });
+    ms = benchmark_ms(20, [&] { swiglu_backward(d_dinp, nullptr, d_dout, d_inp, N, F, 0); });
     report_bandwidth("backward", ms, 5.0 * NF * sizeof(floatX));
+    ms = benchmark_ms(20, [&] { swiglu_backward(d_dinp, d_out, d_dout, d_inp, N, F, 0); });
+    report_bandwidth("backward + recompute out", ms, 6.0 * NF * sizeof(floatX));
     cudaCheck(cudaFree(d_inp));
     cudaCheck(cudaFree(d_dout));
     cudaCheck(cudaFree(d_out));
