@@ -129,8 +129,10 @@ static void compare_paths(size_t n, bool use_master, uint64_t seed) {
     if (use_master) validate_bitwise("master", d_master[0], d_master[1] + 3, n);
     validate_bitwise("m", d_m[0], d_m[1] + 3, n);
     validate_bitwise("v", d_v[0], d_v[1] + 3, n);
-    std::vector<float> v1_m = host_from_device(d_m[2], n), v2_m = host_from_device(d_m[0], n);
-    validate("v1 vs v2: m", v2_m, v1_m, 1e-6);
+    // fp32 state: v1 and v2 differ by a rounding here and there; bf16 state: such a difference may also send a
+    // stochastic rounding of m the other way (one bf16 ulp, 2^-8 relative, on a few elements)
+    const double tolerance = sizeof(State) == 4 ? 1e-6 : 1e-3;
+    validate("v1 vs v2: m", host_from_device(d_m[0], n), host_from_device(d_m[2], n), tolerance);
     if (use_master) {
         validate("v1 vs v2: master", host_from_device(d_master[0], n), host_from_device(d_master[2], n), 1e-6);
     }
