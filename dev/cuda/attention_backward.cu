@@ -81,11 +81,21 @@
 //       hd 64 the softmax work per item is as large as at hd 128 for half the matmul, so the exponentials (twice per
 //       score: once per kernel) limit it; the next steps would be one pass (dQ by ordered fp32 accumulation across key
 //       tiles, FA3's deterministic mode) and a producer warp with TMA.
-// Side by side with PyTorch SDPA: attention_vs_pytorch.py.
+//   v6: attention_backward_v6 (attention_backward_v6.cuh, shared with attention_lib.cu; the design in its header):
+//       that one pass. One kernel per (128-key tile, kv head, batch), v5's dK/dV kernel (2 warpgroups x 64 keys,
+//       items of 64 queries, here per head from the last query tile down to the diagonal, 3 cp.async stages) that
+//       also writes each warpgroup's dS^T (bf16) to smem and computes the item's dQ partial dS K over its 128 keys
+//       (warpgroup w: columns w hd / 2 .., wgmma m64n(hd/2)k16, A = dS^T read transposed, B = K MN-major). The
+//       partials are added into an fp32 dQ accumulator (caller scratch) in key-tile order (a counter per (b, h,
+//       query tile, column half): spin on an acquire load, read-add-write, threadfence, release add; key tile 0
+//       stores without reading, the diagonal key tile writes bf16 dq straight into dqkv). Deterministic: fixed order,
+//       fixed partials. 5 matmuls per score tile instead of 7; the exponentials once. Registers: 201 (hd 64) / 250
+//       (hd 128), no spills; smem 97.5 / 178.5 KiB. Measured: not yet measured.
+// Side by side with PyTorch SDPA: attention_vs_pytorch.py (--backward v6 for this version).
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
 // Run:   ./attention_backward [version]     (no argument: every version; the fp32 build has only v1)
-//        ./attention_backward 5 check       (validation only, no timing: for compute-sanitizer)
+//        ./attention_backward 6 check       (validation only, no timing: for compute-sanitizer)
 //        ./attention_backward sweep         (bf16: other tile configurations, spot-validated and timed)
 #include "common.h"
 
