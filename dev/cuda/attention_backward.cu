@@ -83,7 +83,7 @@
 //       tiles, FA3's deterministic mode) and a producer warp with TMA.
 //   v6: attention_backward_v6 (attention_backward_v6.cuh, shared with attention_lib.cu; the design in its header):
 //       that one pass. One kernel per (128-key tile, kv head, batch), v5's dK/dV kernel (2 warpgroups x 64 keys,
-//       items of 64 queries, here per head from the last query tile down to the diagonal, 3 cp.async stages) that
+//       items of 64 queries, here from the last query tile down to the diagonal, 3 cp.async stages) that
 //       also writes each warpgroup's dS^T (bf16) to smem and computes the item's dQ partial dS K over its 128 keys
 //       (warpgroup w: columns w hd / 2 .., wgmma m64n(hd/2)k16, A = dS^T read transposed, B = K MN-major). The
 //       partials are added into an fp32 dQ accumulator (caller scratch) in key-tile order (a counter per (b, h,

@@ -9,7 +9,8 @@
 //
 // CTA = 128 keys x (kv head, batch) = 2 warpgroups of 64 keys, K and V resident in smem (as v5's dK/dV kernel).
 // Items = (query head h of the group, query tile i of 64 queries), per head from the LAST query tile down to the
-// diagonal; Q, dO, lse, D stream through 3 cp.async stages, two items ahead. Per item and warpgroup:
+// diagonal (query tile outer, head inner); Q, dO, lse, D stream through 3 cp.async stages, two items ahead. Per item
+// and warpgroup:
 //   S^T = K Q^T, dP^T = V dO^T (wgmma, A and B from smem); P^T; dV += P^T dO; dS^T = P^T o (dP^T - D);
 //   dK += dS^T Q (A from registers); dS^T (bf16) into a (128 keys x 64 queries) swizzled smem tile;
 //   __syncthreads (both halves of dS^T written);
@@ -27,9 +28,10 @@
 // bf16(scale (acc + partial)) straight into dqkv instead, so no conversion kernel and no fp32 write-back is needed
 // for it. Key tiles past the query tile do not take part. Deadlock freedom: a CTA waits only on CTAs of smaller key
 // tiles; the key tile is blockIdx.y, so those were launched earlier (blocks are dispatched x fastest, then y) and
-// are resident or done. Walking each head's query tiles from the last down makes the CTAs of one kv head visit the
-// tiles in the same order, each one add behind the previous key tile (a pipeline), instead of CTA j starting at
-// tile 2 j, two items ahead of CTA j - 1, and waiting for it on every tile.
+// are resident or done. Walking the query tiles from the last down (heads inner) makes the CTAs of one kv head visit
+// the items in the same order, each one add behind the previous key tile (a pipeline). From the diagonal up, CTA j
+// would start two tiles ahead of CTA j - 1 and wait for it on every item; with heads outer, it would catch up with
+// CTA j - 1 (two items behind) at every head and wait: both make every CTA as slow as key tile 0's.
 //
 // smem: K, V 2 x 128 x hd + 3 stages x (Q, dO) 2 x 64 x hd bf16 + dS^T 128 x 64 bf16 + 3 x 2 x 64 fp32 + 1024
 // (alignment): hd 64 97.5 KiB, hd 128 178.5 KiB; one CTA per SM (registers).
@@ -77,6 +79,61 @@ __device__ __forceinline__ void backward_onepass_dq(float (&dq)[N], uint32_t ds_
     pin_registers(dq);
 }
 
+// Adds a warpgroup's dQ partial of (b, head h, query tile from q0, column half wg) in key-tile order: waits until
+// key tiles 0 .. j - 1 have added theirs (counter == j), then read-add-write of the fp32 accumulator (key tile 0:
+// write only; the diagonal key tile j = q0 / 128: bf16(scale sum) into dqkv instead), then releases the counter.
+// Element 4 jn + 2 r + e of dq: query q0 + 16 warp + g + 8 r, column HD / 2 wg + 8 jn + c + e. dqkv_q: dqkv at
+// (b, token 0, head h); stride: its row stride.
+template <int HD>
+__device__ __forceinline__ void backward_onepass_accumulate(const float (&dq)[HD / 4], float* dq_acc,
+                                                            int* dq_counters, __nv_bfloat16* dqkv_q, size_t stride,
+                                                            int b, int h, int q0, int j, int T, int H, int n_qt,
+                                                            float scale) {
+    constexpr int HALF = HD / 2, BQ = V6_QUERIES;
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, c = 2 * (lane % 4);
+    const int tile = q0 / BQ;
+    const bool last = j == q0 / WGMMA_ROWS;  // the diagonal key tile: the last one reaching this query tile
+    int* counter = dq_counters + (((size_t)b * H + h) * n_qt + tile) * 2 + wg;
+    if (threadIdx.x % 128 == 0 && j > 0) {
+        unsigned int backoff = 32;
+        while (ld_acquire_gpu(counter) != j) {
+            __nanosleep(backoff);
+            backoff = backoff < 512 ? 2 * backoff : 512;
+        }
+    }
+    named_barrier_sync<128>(1 + wg);  // the warpgroup may read what key tiles 0 .. j - 1 wrote
+    float* acc = dq_acc + ((size_t)b * H + h) * T * HD + HALF * wg;
+    __nv_bfloat16* dst = dqkv_q + HALF * wg;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int q = q0 + 16 * warp + g + 8 * r;
+        if (q >= T) continue;
+#pragma unroll
+        for (int jn = 0; jn < HALF / 8; jn++) {
+            const int col = 8 * jn + c;
+            float2 v = make_float2(dq[4 * jn + 2 * r], dq[4 * jn + 2 * r + 1]);
+            float2* a = reinterpret_cast<float2*>(acc + (size_t)q * HD + col);
+            if (j > 0) {
+                const float2 old = __ldcg(a);  // L2: the line may be stale in this SM's L1
+                v.x = old.x + v.x;
+                v.y = old.y + v.y;
+            }
+            if (last) {
+                *reinterpret_cast<__nv_bfloat162*>(dst + (size_t)q * stride + col) =
+                    __floats2bfloat162_rn(v.x * scale, v.y * scale);
+            } else {
+                __stcg(a, v);
+            }
+        }
+    }
+    if (!last) {
+        __threadfence();                  // this thread's accumulator writes, visible at GPU scope ...
+        named_barrier_sync<128>(1 + wg);  // ... for the whole warpgroup, before the release
+    }
+    if (threadIdx.x % 128 == 0) red_release_gpu_add(counter, 1);  // last: only counts (nobody waits)
+}
+
 // dK, dV of one (b, kv head, tile of 128 keys) and its keys' ordered dQ contributions. grid (B * KV, ceil(T / 128)),
 // block 256. dq_acc: (B, H, T, HD) fp32; dq_counters: (B, H, ceil(T / 64), 2), zero at launch.
 template <int HD>
@@ -108,10 +165,11 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
     const int key0 = kwg + 16 * warp + g;     // this thread's keys: key0 and key0 + 8
     const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
 
-    // Items: (query head of the group, query tile from the last down to the diagonal; k0 is a multiple of BQ).
-    const int n_qt = ceil_div(T, BQ), n_q = n_qt - k0 / BQ, n_items = group * n_q;
-    auto item_head = [&](int item) { return kvh * group + item / n_q; };
-    auto item_q0 = [&](int item) { return (n_qt - 1 - item % n_q) * BQ; };
+    // Items: (query tile from the last down to the diagonal (k0 is a multiple of BQ), query head of the group), so
+    // the CTAs of key tiles j - 1 and j walk the same sequence (j - 1's is longer at its end).
+    const int n_qt = ceil_div(T, BQ), n_items = group * (n_qt - k0 / BQ);
+    auto item_head = [&](int item) { return kvh * group + item % group; };
+    auto item_q0 = [&](int item) { return (n_qt - 1 - item / group) * BQ; };
     auto issue = [&](int item) {
         const int stage = item % S, h = item_head(item), q0 = item_q0(item);
         wgmma_load_tile<HD, BQ>(q_sm + stage * QBYTES, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
@@ -132,6 +190,11 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
     for (int i = 0; i < HD / 2; i++) dk[i] = dv[i] = 0.0f;
     // The warpgroup's dQ columns HALF wg .. inside the K tile (MN-major B): column block, then bytes in the row.
     const uint32_t k_cols = (HALF * wg / 64) * (ROWS * 128) + (HALF * wg % 64) * 2;
+    float dq[HALF / 2];  // the item's dQ partial
+    auto accumulate = [&](int h, int q0) {
+        backward_onepass_accumulate<HD>(dq, dq_acc, dq_counters, dqkv + (size_t)b * T * stride + (size_t)h * HD,
+                                        stride, b, h, q0, j, T, H, n_qt, scale);
+    };
 
     for (int it = 0; it < n_items; it++) {
         // Groups committed so far: items 0 .. it + 1. All but the newest done: item it landed.
@@ -146,14 +209,17 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         const int stage = it % S, h = item_head(it), q0 = item_q0(it);
         const uint32_t q_st = q_sm + stage * QBYTES, do_st = do_sm + stage * QBYTES;
         const bool upper_active = q0 + BQ - 1 >= k0 + 64;  // warpgroup 1 has a key at or before the last query
-        if (wg == 0 || upper_active) {
-            const float* lse_t = lse_s + stage * BQ;
-            const float* D_t = D_s + stage * BQ;
-            // S^T = K Q^T and dP^T = V dO^T, one commit group each.
-            float s[BQ / 2], dp[BQ / 2];
+        const bool active = wg == 0 || upper_active;
+        // S^T = K Q^T and dP^T = V dO^T, one commit group each.
+        float s[BQ / 2], dp[BQ / 2];
+        if (active) {
             wgmma_fence();
             wgmma_scores_ss<HD, ROWS, BQ>(s, k_sm, q_st, wg);
             wgmma_scores_ss<HD, ROWS, BQ>(dp, v_sm, do_st, wg);
+        }
+        if (active) {
+            const float* lse_t = lse_s + stage * BQ;
+            const float* D_t = D_s + stage * BQ;
             // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2.
             wgmma_wait_group<1>();
             pin_registers(s);
@@ -218,55 +284,13 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         // slice kk = keys 16 kk .. = rows 16 kk, byte 2048 kk), B = the K tile MN-major at this warpgroup's columns.
         // Each count of k16 slices is a branch of its own, waited for inside it: no control flow between the wgmmas
         // of a batch and their wait.
-        float dq[HALF / 2];
         if (upper_active) {
             backward_onepass_dq<ROWS / 16>(dq, ds_sm, k_sm + k_cols);
         } else {
             backward_onepass_dq<64 / 16>(dq, ds_sm, k_sm + k_cols);
         }
 
-        // Ordered accumulation of this (b, h, query tile, column half). Element 4 jn + 2 r + e of dq: query
-        // q0 + 16 warp + g + 8 r, column HALF wg + 8 jn + c + e.
-        const int tile = q0 / BQ;
-        const bool last = j == q0 / ROWS;  // the diagonal key tile: the last one reaching this query tile
-        int* counter = dq_counters + (((size_t)b * H + h) * n_qt + tile) * 2 + wg;
-        if (threadIdx.x % 128 == 0 && j > 0) {
-            unsigned int backoff = 32;
-            while (ld_acquire_gpu(counter) != j) {
-                __nanosleep(backoff);
-                backoff = backoff < 512 ? 2 * backoff : 512;
-            }
-        }
-        named_barrier_sync<128>(1 + wg);  // the warpgroup may read what key tiles 0 .. j - 1 wrote
-        float* acc = dq_acc + ((size_t)b * H + h) * T * HD + HALF * wg;
-        __nv_bfloat16* dst = dqkv + (size_t)b * T * stride + (size_t)h * HD + HALF * wg;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int q = q0 + 16 * warp + g + 8 * r;
-            if (q >= T) continue;
-#pragma unroll
-            for (int jn = 0; jn < HALF / 8; jn++) {
-                const int col = 8 * jn + c;
-                float2 v = make_float2(dq[4 * jn + 2 * r], dq[4 * jn + 2 * r + 1]);
-                float2* a = reinterpret_cast<float2*>(acc + (size_t)q * HD + col);
-                if (j > 0) {
-                    const float2 old = __ldcg(a);  // L2: the line may be stale in this SM's L1
-                    v.x = old.x + v.x;
-                    v.y = old.y + v.y;
-                }
-                if (last) {
-                    *reinterpret_cast<__nv_bfloat162*>(dst + (size_t)q * stride + col) =
-                        __floats2bfloat162_rn(v.x * scale, v.y * scale);
-                } else {
-                    __stcg(a, v);
-                }
-            }
-        }
-        if (!last) {
-            __threadfence();                  // this thread's accumulator writes, visible at GPU scope ...
-            named_barrier_sync<128>(1 + wg);  // ... for the whole warpgroup, before the release
-        }
-        if (threadIdx.x % 128 == 0) red_release_gpu_add(counter, 1);  // last: only counts (nobody waits)
+        accumulate(h, q0);
     }
 
     // Both warpgroups' dQ wgmmas (which read all 128 rows of K) are done before K's rows are reused for staging.
