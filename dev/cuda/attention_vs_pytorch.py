@@ -15,7 +15,11 @@ repeat_interleave, outside the timed region (their gradients are summed back ove
 Our forward + backward includes everything the trainer runs: forward (out, lse), backward (delta + dK/dV + dQ).
 PyTorch's includes autograd's own work for one SDPA node.
 
+--backward v6 runs our backward through llmc_attention_backward_v6 (attention_backward.cu's one-pass v6) instead
+of the trainer's (v5).
+
 Usage (on the GPU machine):  python dev/cuda/attention_vs_pytorch.py [--iters 30] [--build-dir /tmp/llmc_attention]
+                             [--backward v5|v6]
 """
 
 import argparse
@@ -37,7 +41,7 @@ TOLERANCE = 1e-2
 
 def build_library(build_dir):
     src = os.path.join(HERE, "attention_lib.cu")
-    deps = [src] + [os.path.join(REPO, "llmc", name) for name in
+    deps = [src, os.path.join(HERE, "attention_backward_v6.cuh")] + [os.path.join(REPO, "llmc", name) for name in
                     ("attention.cuh", "attention_common.cuh", "attention_scalar.cuh", "attention_mma.cuh",
                      "attention_wgmma.cuh", "ptx.cuh", "cuda_common.h", "utils.h")]
     lib = os.path.join(build_dir, "libllmc_attention.so")
@@ -56,6 +60,8 @@ def build_library(build_dir):
     so.llmc_attention_forward.restype = None
     so.llmc_attention_backward.argtypes = [p, p, p, p, p, p, i, i, i, i, i, p]
     so.llmc_attention_backward.restype = None
+    so.llmc_attention_backward_v6.argtypes = [p, p, p, p, p, p, i, i, i, i, i, p]
+    so.llmc_attention_backward_v6.restype = None
     assert so.llmc_attention_is_bf16() == 1, "the library must be the bf16 build"
     return so
 
@@ -83,8 +89,9 @@ def time_ms(fn, iters, warmup=5):
 class Ours:
     """llmc attention on the packed layouts, with its buffers allocated once."""
 
-    def __init__(self, so, qkv, B, H, KV, T, D):
+    def __init__(self, so, qkv, B, H, KV, T, D, backward="v5"):
         self.so, self.qkv, self.shape = so, qkv, (B, T, H, KV, D)
+        self.backward_fn = so.llmc_attention_backward_v6 if backward == "v6" else so.llmc_attention_backward
         self.out = torch.empty(B, T, H * D, device="cuda", dtype=torch.bfloat16)
         self.lse = torch.empty(B, H, T, device="cuda", dtype=torch.float32)
         self.dqkv = torch.empty_like(qkv)
@@ -96,8 +103,8 @@ class Ours:
 
     def backward(self, dout):
         s = torch.cuda.current_stream().cuda_stream
-        self.so.llmc_attention_backward(self.dqkv.data_ptr(), self.delta.data_ptr(), dout.data_ptr(),
-                                        self.qkv.data_ptr(), self.out.data_ptr(), self.lse.data_ptr(), *self.shape, s)
+        self.backward_fn(self.dqkv.data_ptr(), self.delta.data_ptr(), dout.data_ptr(),
+                         self.qkv.data_ptr(), self.out.data_ptr(), self.lse.data_ptr(), *self.shape, s)
 
     def forward_backward(self, dout):
         self.forward()
@@ -140,7 +147,7 @@ class Torch:
         return dq, dk, dv
 
 
-def run_shape(so, B, H, KV, T, D, iters):
+def run_shape(so, B, H, KV, T, D, iters, backward):
     torch.manual_seed(0)
     # Packed qkv as llmc wants it; PyTorch gets contiguous (B, heads, T, D) copies of the same values.
     qkv = torch.randn(B, T, (H + 2 * KV) * D, device="cuda", dtype=torch.bfloat16)
@@ -151,7 +158,7 @@ def run_shape(so, B, H, KV, T, D, iters):
     dout_t = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16)  # PyTorch's layout
     dout = dout_t.transpose(1, 2).reshape(B, T, H * D).contiguous()        # ours
 
-    ours = Ours(so, qkv, B, H, KV, T, D)
+    ours = Ours(so, qkv, B, H, KV, T, D, backward)
     ours.forward_backward(dout)
     torch.cuda.synchronize()
     dqkv = ours.dqkv.view(B, T, H + 2 * KV, D)
@@ -192,15 +199,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30, help="timed runs per measurement (median reported), >= 20")
     ap.add_argument("--build-dir", default="/tmp/llmc_attention", help="where libllmc_attention.so is built")
+    ap.add_argument("--backward", choices=["v5", "v6"], default="v5",
+                    help="our backward: v5 (the trainer's, llmc/attention.cuh) or v6 (attention_backward.cu's one-pass)")
     args = ap.parse_args()
     assert args.iters >= 20, "use at least 20 timed runs"
-    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}, "
+          f"our backward {args.backward}")
     so = build_library(args.build_dir)
 
     results, all_ok = [], True
     for B, H, KV, T, D in SHAPES:
         print(f"(B, H, KV, T, D) = ({B}, {H}, {KV}, {T}, {D})")
-        tflops, ok = run_shape(so, B, H, KV, T, D, args.iters)
+        tflops, ok = run_shape(so, B, H, KV, T, D, args.iters, args.backward)
         all_ok &= ok
         results.append(((B, H, KV, T, D), tflops))
 
