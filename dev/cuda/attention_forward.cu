@@ -62,6 +62,7 @@
 
 #include "../../llmc/attention.cuh"
 #include "../../llmc/ptx.cuh"
+#include "attention_forward_v5.cuh"
 #include "attention_shapes.h"
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -498,6 +499,7 @@ static void attention_forward_gpu(int version, floatX* out, float* lse, const fl
         case 2: forward_tc_config<1, 64, 1, 64>(out, lse, qkv, B, T, H, KV, hd); break;  // 16 queries per warp
         case 3: forward_tc_config<2, 64, 2, 32>(out, lse, qkv, B, T, H, KV, hd); break;  // 32 queries per warp
         case 4: attention_forward(out, lse, qkv, B, T, H, KV, hd, 0); break;  // what the trainer runs
+        case 5: attention_forward_v5(out, lse, qkv, B, T, H, KV, hd, 0); break;  // warp-specialised, TMA
         // Tuning candidates (./attention_forward sweep): not versions of their own.
         case 101: forward_tc_config<2, 32, 2, 64>(out, lse, qkv, B, T, H, KV, hd); break;
         case 102: forward_tc_config<1, 128, 1, 32>(out, lse, qkv, B, T, H, KV, hd); break;
@@ -507,6 +509,11 @@ static void attention_forward_gpu(int version, floatX* out, float* lse, const fl
         case 104: forward_wgmma_config<1, false, 1, false>(out, lse, qkv, B, T, H, KV, hd); break;
         case 105: forward_wgmma_config<2, false, 2, false>(out, lse, qkv, B, T, H, KV, hd); break;
         case 106: forward_wgmma_config<1, true, 2, true>(out, lse, qkv, B, T, H, KV, hd); break;
+        // v5 variants <stages, overlap for hd 64; stages, overlap for hd 128>: no intra-warpgroup overlap; 2 stages;
+        // 6 stages at hd 64 (the most that fit).
+        case 107: attention_forward_v5_config<4, false, 3, false>(out, lse, qkv, B, T, H, KV, hd, 0); break;
+        case 108: attention_forward_v5_config<2, true, 2, true>(out, lse, qkv, B, T, H, KV, hd, 0); break;
+        case 109: attention_forward_v5_config<6, true, 3, true>(out, lse, qkv, B, T, H, KV, hd, 0); break;
 #endif
         default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
     }
@@ -515,7 +522,7 @@ static void attention_forward_gpu(int version, floatX* out, float* lse, const fl
 #if defined(ENABLE_FP32)
 static const int VERSIONS[] = {1};
 #else
-static const int VERSIONS[] = {1, 2, 3, 4};
+static const int VERSIONS[] = {1, 2, 3, 4, 5};
 #endif
 
 static void validate_shape(int version, const Shape& sh, uint64_t seed) {
@@ -567,7 +574,7 @@ int main(int argc, char** argv) {
     require_gpu(argv[0]);  // clear message and exit 1 without a GPU
     std::vector<int> versions(std::begin(VERSIONS), std::end(VERSIONS));
     if (argc > 1 && strcmp(argv[1], "sweep") == 0) {  // tile configurations: spot validation, then timing
-        for (int cfg : {101, 102, 103, 104, 105, 106}) {
+        for (int cfg : {101, 102, 103, 104, 105, 106, 107, 108, 109}) {
             uint64_t seed = 7;
             for (const Shape& sh : ATTENTION_SWEEP_SHAPES) validate_shape(cfg, sh, seed++);
             for (const Shape& sh : ATTENTION_TIMING_SHAPES) time_shape(cfg, sh);
@@ -585,6 +592,9 @@ int main(int argc, char** argv) {
 #if !defined(ENABLE_FP32)
         if (version == 4 && !attention_wgmma_usable()) {
             printf("  note: no sm_90 device or no sm_90a code in this build: v4 runs v1 at hd 128\n");
+        }
+        if (version == 5 && !attention_wgmma_usable()) {
+            printf("  note: no sm_90 device or no sm_90a code in this build: v5 runs v4\n");
         }
 #endif
         // T not a multiple of the tiles (64 queries; 32 or 64 keys), group sizes 1, 4, 8, head dims 16, 64, 128.
