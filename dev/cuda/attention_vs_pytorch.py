@@ -15,7 +15,11 @@ repeat_interleave, outside the timed region (their gradients are summed back ove
 Our forward + backward includes everything the trainer runs: forward (out, lse), backward (delta + dK/dV + dQ).
 PyTorch's includes autograd's own work for one SDPA node.
 
+--forward v5 runs and times attention_forward.cu's version 5 (llmc_attention_forward_v5) as our forward instead of
+the trainer's (v4); the backward is the trainer's either way.
+
 Usage (on the GPU machine):  python dev/cuda/attention_vs_pytorch.py [--iters 30] [--build-dir /tmp/llmc_attention]
+                                 [--forward v4|v5]
 """
 
 import argparse
@@ -37,7 +41,7 @@ TOLERANCE = 1e-2
 
 def build_library(build_dir):
     src = os.path.join(HERE, "attention_lib.cu")
-    deps = [src] + [os.path.join(REPO, "llmc", name) for name in
+    deps = [src, os.path.join(HERE, "attention_forward_v5.cuh")] + [os.path.join(REPO, "llmc", name) for name in
                     ("attention.cuh", "attention_common.cuh", "attention_scalar.cuh", "attention_mma.cuh",
                      "attention_wgmma.cuh", "ptx.cuh", "cuda_common.h", "utils.h")]
     lib = os.path.join(build_dir, "libllmc_attention.so")
@@ -54,6 +58,8 @@ def build_library(build_dir):
     so.llmc_attention_is_bf16.restype = i
     so.llmc_attention_forward.argtypes = [p, p, p, i, i, i, i, i, p]
     so.llmc_attention_forward.restype = None
+    so.llmc_attention_forward_v5.argtypes = [p, p, p, i, i, i, i, i, p]
+    so.llmc_attention_forward_v5.restype = None
     so.llmc_attention_backward.argtypes = [p, p, p, p, p, p, i, i, i, i, i, p]
     so.llmc_attention_backward.restype = None
     assert so.llmc_attention_is_bf16() == 1, "the library must be the bf16 build"
@@ -83,8 +89,9 @@ def time_ms(fn, iters, warmup=5):
 class Ours:
     """llmc attention on the packed layouts, with its buffers allocated once."""
 
-    def __init__(self, so, qkv, B, H, KV, T, D):
+    def __init__(self, so, qkv, B, H, KV, T, D, forward_fn):
         self.so, self.qkv, self.shape = so, qkv, (B, T, H, KV, D)
+        self.forward_fn = forward_fn  # so.llmc_attention_forward (v4, the trainer's) or so.llmc_attention_forward_v5
         self.out = torch.empty(B, T, H * D, device="cuda", dtype=torch.bfloat16)
         self.lse = torch.empty(B, H, T, device="cuda", dtype=torch.float32)
         self.dqkv = torch.empty_like(qkv)
@@ -92,7 +99,7 @@ class Ours:
 
     def forward(self):
         s = torch.cuda.current_stream().cuda_stream
-        self.so.llmc_attention_forward(self.out.data_ptr(), self.lse.data_ptr(), self.qkv.data_ptr(), *self.shape, s)
+        self.forward_fn(self.out.data_ptr(), self.lse.data_ptr(), self.qkv.data_ptr(), *self.shape, s)
 
     def backward(self, dout):
         s = torch.cuda.current_stream().cuda_stream
@@ -140,7 +147,7 @@ class Torch:
         return dq, dk, dv
 
 
-def run_shape(so, B, H, KV, T, D, iters):
+def run_shape(so, B, H, KV, T, D, iters, forward_fn):
     torch.manual_seed(0)
     # Packed qkv as llmc wants it; PyTorch gets contiguous (B, heads, T, D) copies of the same values.
     qkv = torch.randn(B, T, (H + 2 * KV) * D, device="cuda", dtype=torch.bfloat16)
@@ -151,7 +158,7 @@ def run_shape(so, B, H, KV, T, D, iters):
     dout_t = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16)  # PyTorch's layout
     dout = dout_t.transpose(1, 2).reshape(B, T, H * D).contiguous()        # ours
 
-    ours = Ours(so, qkv, B, H, KV, T, D)
+    ours = Ours(so, qkv, B, H, KV, T, D, forward_fn)
     ours.forward_backward(dout)
     torch.cuda.synchronize()
     dqkv = ours.dqkv.view(B, T, H + 2 * KV, D)
@@ -192,15 +199,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30, help="timed runs per measurement (median reported), >= 20")
     ap.add_argument("--build-dir", default="/tmp/llmc_attention", help="where libllmc_attention.so is built")
+    ap.add_argument("--forward", choices=["v4", "v5"], default="v4",
+                    help="our forward: v4 (the trainer's attention_forward) or attention_forward.cu's version 5")
     args = ap.parse_args()
     assert args.iters >= 20, "use at least 20 timed runs"
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
     so = build_library(args.build_dir)
+    forward_fn = so.llmc_attention_forward_v5 if args.forward == "v5" else so.llmc_attention_forward
+    print(f"our forward: {args.forward}")
 
     results, all_ok = [], True
     for B, H, KV, T, D in SHAPES:
         print(f"(B, H, KV, T, D) = ({B}, {H}, {KV}, {T}, {D})")
-        tflops, ok = run_shape(so, B, H, KV, T, D, args.iters)
+        tflops, ok = run_shape(so, B, H, KV, T, D, args.iters, forward_fn)
         all_ok &= ok
         results.append(((B, H, KV, T, D), tflops))
 
