@@ -316,7 +316,8 @@ inline CUtensorMap forward_v5_qkv_map(const floatX* qkv, int B, int T, int H, in
                               element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
-        fprintf(stderr, "attention_forward_v5: cuTensorMapEncodeTiled failed (CUresult %d) for B %d T %d H %d KV %d hd %d\n",
+        fprintf(stderr,
+                "attention_forward_v5: cuTensorMapEncodeTiled failed (CUresult %d) for B %d T %d H %d KV %d hd %d\n",
                 (int)r, B, T, H, KV, hd);
         fail_exit();
     }
