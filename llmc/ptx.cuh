@@ -3,6 +3,8 @@
 //   sm_90a only:     wgmma (warpgroup matrix multiply from shared-memory descriptors) and the async-proxy fence;
 //                    call these only from code compiled for sm_90a (the kernels guard their bodies with
 //                    __CUDA_ARCH_FEAT_SM90_ALL).
+//   sm_90:           mbarrier with transaction counts, TMA (cp.async.bulk.tensor), elect.sync, and setmaxnreg
+//                    (sm_90a only), for the warp-specialised forward (dev/cuda/attention_forward_v5.cuh; same guard).
 // Every wrapper is one instruction (or one register constraint); names follow the instruction.
 //
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: D (16 x 8 fp32) += A (16 x 16) B (16 x 8), bf16.
@@ -231,6 +233,78 @@ __device__ __forceinline__ void wgmma_bf16_rs(float (&d)[64], const uint32_t (&a
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
 }
 
+
+// ----------------------------------------------------------------------------------------------------------------
+// mbarrier, TMA, setmaxnreg, elect (sm_90)
+//
+// An mbarrier (8 bytes of shared memory, 8-byte aligned) counts arrivals and, optionally, transaction bytes: a phase
+// completes when its pending arrival count (set by mbarrier_init) reaches zero and its transaction count is back to
+// zero; then the next phase starts with the same arrival count. Phases alternate parity 0, 1, 0, ...: a thread
+// waiting for phase k of a barrier waits with parity k % 2 (mbarrier_try_wait_parity returns true once that phase has
+// completed). expect_tx raises the phase's transaction count by the bytes a bulk copy will deliver; the copy's
+// complete_tx lowers it as the bytes land (TMA credits the whole box, out-of-bounds parts included, zero-filled).
+// After mbarrier_init, fence_mbarrier_init (then a CTA barrier) before any other thread or the TMA unit uses it.
+//
+// TMA (cp.async.bulk.tensor): one thread copies a box of a global tensor, described by a CUtensorMap made on the host
+// (cuTensorMapEncodeTiled) and passed as a __grid_constant__ kernel parameter, into shared memory; with the map's
+// CU_TENSOR_MAP_SWIZZLE_128B and a 128-byte inner box the smem layout is exactly the 128-byte swizzle above
+// (destination 1024-byte aligned). Coordinates are in elements, innermost first; out-of-bounds elements are zeros.
+
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the mbarrier_init of this thread visible to the other threads and to the async proxy (TMA).
+__device__ __forceinline__ void fence_mbarrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives and raises the current phase's expected transaction bytes by `bytes`.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// True once the phase of parity `parity` has completed (may also return false after a time-out: call in a loop).
+__device__ __forceinline__ bool mbarrier_try_wait_parity(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return done != 0;
+}
+
+// 4-D tiled TMA load of the box at coordinates (c0, c1, c2, c3) of tensor map `map` (a __grid_constant__ parameter)
+// into shared memory at dst; completion (the box's bytes) is signalled on mbarrier bar.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* map, uint32_t bar, int c0, int c1, int c2,
+                                            int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
+// Per-thread register budget of the executing warpgroup (all 128 threads execute it): dec releases registers to the
+// CTA's pool, inc waits until the pool has them. N: 24 .. 256, a multiple of 8.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// True in exactly one active lane of the warp (all active lanes execute it).
+__device__ __forceinline__ bool elect_one_sync() {
+    uint32_t elected;
+    asm volatile(
+        "{\n.reg .pred p;\n.reg .b32 lane;\nelect.sync lane|p, 0xffffffff;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(elected));
+    return elected != 0;
+}
 
 // ----------------------------------------------------------------------------------------------------------------
 // Ordering between CTAs through a counter in global memory (one CTA releases its writes, a later one acquires them),

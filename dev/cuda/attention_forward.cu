@@ -5,8 +5,8 @@
 //
 // The CPU reference accumulates in fp64 and materialises each score row (fine at the small T validated here).
 //
-// Versions (v1 and v4 from llmc/, v2 and v3 in this file; causal TFLOP/s = 2 B H T^2 hd / time,
-// H200, shapes of the timing table):
+// Versions (v1 and v4 from llmc/, v2 and v3 in this file, v5 in attention_forward_v5.cuh; causal TFLOP/s =
+// 2 B H T^2 hd / time, H200, shapes of the timing table):
 //   v1: attention_forward_scalar (llmc/attention_scalar.cuh): flash-style tiled CUDA-core fp32 kernel, online
 //       softmax (any precision, hd 1..128).
 //       Measured: 22-26 TFLOP/s on the three timing shapes.
@@ -51,17 +51,30 @@
 //       cp.async + __syncthreads, setmaxnreg to move registers from the producer to the consumers (240 each), then
 //       intra-warpgroup pipelining (issue S of tile j+1 before the softmax of tile j, which needs the registers
 //       setmaxnreg frees); and skipping the masked half of warpgroup 0's diagonal tile.
+//   v5: the warp-specialised TMA forward of attention_forward_v5.cuh (FlashAttention-3 style; bf16 build, sm_90a,
+//       hd 64 and 128; other head dims and non-Hopper devices run v4). CTA = 128 queries, 384 threads: warpgroup 0
+//       is the producer (setmaxnreg.dec 24): one elected thread loads Q once and K / V tiles of 128 keys with TMA
+//       (cp.async.bulk.tensor over qkv as the 4-D tensor (hd, head, token, batch), boxes of 64 columns x 128 rows,
+//       SWIZZLE_128B = the layout v4's descriptors read; tokens >= T zero-filled) into STAGES stages with full /
+//       empty mbarriers per stage; warpgroups 1, 2 are consumers of 64 rows (setmaxnreg.inc 240) with v4's math and
+//       ping-pong, no __syncthreads in the loop, and with OVERLAP the intra-warpgroup pipelining (S_{j+1} issued with
+//       P_j V_j, the softmax of S_{j+1} while P_j V_j runs; P in two register sets by tile parity, since copying it
+//       made ptxas serialise the wgmmas). Default: 4 stages at hd 64, 3 at hd 128, overlap on. Registers: 168 at
+//       launch (384 threads, 1 CTA per SM), 24 / 240 after setmaxnreg, no spills; smem 145 KiB (hd 64, 4 stages),
+//       225 KiB (hd 128, 3 stages). Sweep: 107 no overlap, 108 two stages, 109 six stages at hd 64.
+//       Measured: not yet measured.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_forward.cu
 // Run:   ./attention_forward [version]     (no argument: every version; the fp32 build has only v1)
 //        ./attention_forward sweep         (bf16: other tile configurations and v4 variants, spot-validated and timed)
 // Version 4's hd 128 kernel needs a compute capability 9.0 GPU and the sm_90a build; elsewhere v4 runs v1 at hd 128
-// (a note says so).
+// and v5 runs v4 (a note says so).
 #include "common.h"
 
 #include "../../llmc/attention.cuh"
 #include "../../llmc/ptx.cuh"
+#include "attention_forward_v5.cuh"
 #include "attention_shapes.h"
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -498,6 +511,7 @@ static void attention_forward_gpu(int version, floatX* out, float* lse, const fl
         case 2: forward_tc_config<1, 64, 1, 64>(out, lse, qkv, B, T, H, KV, hd); break;  // 16 queries per warp
         case 3: forward_tc_config<2, 64, 2, 32>(out, lse, qkv, B, T, H, KV, hd); break;  // 32 queries per warp
         case 4: attention_forward(out, lse, qkv, B, T, H, KV, hd, 0); break;  // what the trainer runs
+        case 5: attention_forward_v5(out, lse, qkv, B, T, H, KV, hd, 0); break;  // warp-specialised, TMA
         // Tuning candidates (./attention_forward sweep): not versions of their own.
         case 101: forward_tc_config<2, 32, 2, 64>(out, lse, qkv, B, T, H, KV, hd); break;
         case 102: forward_tc_config<1, 128, 1, 32>(out, lse, qkv, B, T, H, KV, hd); break;
@@ -507,6 +521,11 @@ static void attention_forward_gpu(int version, floatX* out, float* lse, const fl
         case 104: forward_wgmma_config<1, false, 1, false>(out, lse, qkv, B, T, H, KV, hd); break;
         case 105: forward_wgmma_config<2, false, 2, false>(out, lse, qkv, B, T, H, KV, hd); break;
         case 106: forward_wgmma_config<1, true, 2, true>(out, lse, qkv, B, T, H, KV, hd); break;
+        // v5 variants <stages, overlap for hd 64; stages, overlap for hd 128>: no intra-warpgroup overlap; 2 stages;
+        // 6 stages at hd 64 (the most that fit).
+        case 107: attention_forward_v5_config<4, false, 3, false>(out, lse, qkv, B, T, H, KV, hd, 0); break;
+        case 108: attention_forward_v5_config<2, true, 2, true>(out, lse, qkv, B, T, H, KV, hd, 0); break;
+        case 109: attention_forward_v5_config<6, true, 3, true>(out, lse, qkv, B, T, H, KV, hd, 0); break;
 #endif
         default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
     }
@@ -515,7 +534,7 @@ static void attention_forward_gpu(int version, floatX* out, float* lse, const fl
 #if defined(ENABLE_FP32)
 static const int VERSIONS[] = {1};
 #else
-static const int VERSIONS[] = {1, 2, 3, 4};
+static const int VERSIONS[] = {1, 2, 3, 4, 5};
 #endif
 
 static void validate_shape(int version, const Shape& sh, uint64_t seed) {
@@ -567,7 +586,7 @@ int main(int argc, char** argv) {
     require_gpu(argv[0]);  // clear message and exit 1 without a GPU
     std::vector<int> versions(std::begin(VERSIONS), std::end(VERSIONS));
     if (argc > 1 && strcmp(argv[1], "sweep") == 0) {  // tile configurations: spot validation, then timing
-        for (int cfg : {101, 102, 103, 104, 105, 106}) {
+        for (int cfg : {101, 102, 103, 104, 105, 106, 107, 108, 109}) {
             uint64_t seed = 7;
             for (const Shape& sh : ATTENTION_SWEEP_SHAPES) validate_shape(cfg, sh, seed++);
             for (const Shape& sh : ATTENTION_TIMING_SHAPES) time_shape(cfg, sh);
@@ -585,6 +604,9 @@ int main(int argc, char** argv) {
 #if !defined(ENABLE_FP32)
         if (version == 4 && !attention_wgmma_usable()) {
             printf("  note: no sm_90 device or no sm_90a code in this build: v4 runs v1 at hd 128\n");
+        }
+        if (version == 5 && !attention_wgmma_usable()) {
+            printf("  note: no sm_90 device or no sm_90a code in this build: v5 runs v4\n");
         }
 #endif
         // T not a multiple of the tiles (64 queries; 32 or 64 keys), group sizes 1, 4, 8, head dims 16, 64, 128.
