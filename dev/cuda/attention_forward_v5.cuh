@@ -44,6 +44,8 @@ constexpr int V5_ROWS = 128;        // queries per CTA, 64 per consumer warpgrou
 constexpr int V5_KEYS = 128;        // keys per K / V tile (= V5_ROWS: the CTA's last tile is its diagonal)
 constexpr int V5_CONSUMERS = 256;   // consumer threads: the arrivals an empty barrier waits for
 constexpr int V5_PRODUCER_REGS = 24, V5_CONSUMER_REGS = 240;  // 128 x 24 + 256 x 240 = 384 x 168
+constexpr int V5_REGS_NEEDED = 128 * V5_PRODUCER_REGS + V5_CONSUMERS * V5_CONSUMER_REGS;  // after setmaxnreg
+static_assert(V5_REGS_NEEDED <= 65536, "the register split exceeds the SM's register file");
 
 template <int HD, int STAGES>
 __host__ __device__ constexpr size_t forward_v5_smem_bytes() {
@@ -191,7 +193,7 @@ __global__ void __launch_bounds__(V5_THREADS, 1)
             mbarrier_arrive(empty0 + 8 * st);  // this thread's reads of the stage are done
         }
     } else {
-        // P_j lives in pa or pb by the parity of j (no register copies: ptxas serialises the wgmmas when ordinary
+        // P_j lives in p (j even) or pb (j odd) (no register copies: ptxas serialises the wgmmas when ordinary
         // instructions define their A registers inside the pipeline).
         uint32_t pb[BN / 16][4];
         // Tile j < n_tiles - 1: S_{j+1} and P_j V_j issued together, the softmax of S_{j+1} (into p_next) while
@@ -327,9 +329,21 @@ inline CUtensorMap forward_v5_qkv_map(const floatX* qkv, int B, int T, int H, in
 template <int HD, int STAGES, bool OVERLAP>
 inline void forward_v5_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV,
                               cudaStream_t stream) {
-    static bool smem_set = false;
+    static bool smem_set = false, regs_checked = false;
     const size_t smem = forward_v5_smem_bytes<HD, STAGES>();
     attention_set_smem(forward_v5_kernel<HD, STAGES, OVERLAP>, smem, smem_set);
+    if (!regs_checked) {
+        // setmaxnreg.inc waits for registers that setmaxnreg.dec returned to the CTA's allocation: a CTA launched
+        // with fewer than the split needs would hang, so refuse to launch it.
+        cudaFuncAttributes attr;
+        cudaCheck(cudaFuncGetAttributes(&attr, forward_v5_kernel<HD, STAGES, OVERLAP>));
+        if (attr.numRegs * V5_THREADS < V5_REGS_NEEDED) {
+            fprintf(stderr, "attention_forward_v5: kernel compiled to %d registers per thread, the producer / "
+                    "consumer split needs %d\n", attr.numRegs, V5_REGS_NEEDED / V5_THREADS);
+            fail_exit();
+        }
+        regs_checked = true;
+    }
     const CUtensorMap map = forward_v5_qkv_map(qkv, B, T, H, KV, HD);
     const float scale_log2 = ATTN_LOG2E / sqrtf((float)HD);
     dim3 grid(B * H, ceil_div(T, V5_ROWS));
