@@ -16,14 +16,14 @@
 //
 // Paths (each in its own header; every one computes the math above and writes the same outputs):
 //   attention_wgmma.cuh   Hopper wgmma kernels: bf16 build, sm_90a code, compute capability 9.0 (H100 / H200).
-//                         Forward at head_dim 128, backward at head_dim 64 and 128.
-//   attention_mma.cuh     mma.sync tensor-core forward (FlashAttention-2 style): bf16 build, head_dim 64, any GPU
-//                         from sm_80 on (on Hopper as fast as wgmma at this head dim).
+//                         Forward (warp-specialised, TMA) and backward at head_dim 64 and 128.
+//   attention_mma.cuh     mma.sync tensor-core forward (FlashAttention-2 style): bf16 build, head_dim 64, GPUs
+//                         from sm_80 on other than Hopper.
 //   attention_scalar.cuh  CUDA-core kernels, fp32 math, any floatX and head_dim 1..128: everything in the fp32 build
 //                         (PRECISION=FP32), and in the bf16 build every head dim other than 64 / 128.
 // Which runs where (bf16 build):
 //                          head_dim 64             head_dim 128            other head dims
-//   forward,  Hopper       mma                     wgmma                   scalar
+//   forward,  Hopper       wgmma                   wgmma                   scalar
 //   backward, Hopper       wgmma                   wgmma                   scalar
 //   forward,  other GPU    mma                     scalar                  scalar
 //   backward, other GPU    scalar                  scalar                  scalar
@@ -60,13 +60,11 @@ inline void attention_note_no_wgmma() {
 inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int n_heads, int n_kv_heads,
                               int head_dim, cudaStream_t stream) {
 #if !defined(ENABLE_FP32)
-    if (head_dim == WGMMA_FWD_HD) {
-        if (attention_wgmma_usable()) {
-            attention_forward_wgmma(out, lse, qkv, B, T, n_heads, n_kv_heads, head_dim, stream);
-            return;
-        }
-        attention_note_no_wgmma();
+    if ((head_dim == 64 || head_dim == 128) && attention_wgmma_usable()) {
+        attention_forward_wgmma(out, lse, qkv, B, T, n_heads, n_kv_heads, head_dim, stream);
+        return;
     }
+    if (head_dim == 128) attention_note_no_wgmma();
     if (head_dim == MMA_FWD_HD) {
         attention_forward_mma(out, lse, qkv, B, T, n_heads, n_kv_heads, head_dim, stream);
         return;

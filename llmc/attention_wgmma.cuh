@@ -1,5 +1,5 @@
-// Causal GQA attention forward and backward for Hopper (sm_90a): wgmma tensor cores, bf16 builds only. Forward:
-// head_dim 128; backward: head_dim 64 and 128. What the trainer runs on an H100 / H200 at those head dims.
+// Causal GQA attention forward and backward for Hopper (sm_90a): wgmma tensor cores, bf16 builds only, head_dim 64
+// and 128. What the trainer runs on an H100 / H200.
 //
 // Same contracts as attention_forward / attention_backward in attention.cuh (math, layouts, lse definition are
 // described there): qkv (B, T, (H + 2 KV) hd) -> out (B, T, H hd), lse (B, H, T) fp32 = log-sum-exp of each row of
@@ -11,19 +11,27 @@
 // for GPU_COMPUTE_CAPABILITY=90); for any other target they compile to a trap, and the host side never launches them
 // (attention_wgmma_usable: the device is compute capability 9.0 and the kernel image loaded for it is sm_90 code).
 //
-// Forward. CTA = 128 queries x (head, batch) = 2 warpgroups of 64 query rows (256 threads), sharing the K / V tiles.
-// Q (128 x HD) is loaded once; K and V tiles of 128 keys stream through a 3-stage cp.async pipeline up to the causal
-// diagonal (after each tile lands: cp.async.wait_group, then fence.proxy.async so the tensor cores (async proxy) see
-// what cp.async (generic proxy) wrote, then __syncthreads). Per tile and warpgroup: S (64 x 128) = Q K^T as HD / 16
-// wgmma m64n128k16 (A, B descriptors); wait; causal mask on the diagonal tile; online softmax in the log2 domain on
-// the fragment (quad reductions, as in attention_mma.cuh); P -> bf16 A registers; O (64 x HD fp32, HD / 2 registers
-// per thread) = alpha O + P V as 8 wgmma m64nHDk16 (A registers, B descriptor, V MN-major); wait. "Ping-pong": the
-// warpgroups take turns issuing their wgmma batches (named barriers), so one warpgroup's softmax runs while the
-// other's matmuls do (FA3's ping-pong, here without a producer warp).
-// Epilogue: O / l staged as bf16 through the warpgroup's own (dead) rows of the Q tile (same swizzle: conflict-free
-// fragment writes), then 16-byte coalesced global stores; lse = (m + log2 l) ln 2.
-// smem (HD 128): Q 32 KiB + 3 stages x (K, V) 2 x 32 KiB = 224 KiB (+1 KiB for aligning to 1024): one CTA per SM;
-// registers: S 64 + O 64 + P 32 fp32/b32 per thread, bounded at 255 (256 threads, 1 CTA per SM).
+// Forward: warp-specialised and fed by TMA (FlashAttention-3's design). CTA = 128 queries of one (batch, head),
+// 384 threads = 3 warpgroups:
+//   warpgroup 0, producer: setmaxnreg.dec to 24 registers; one elected thread loads the Q tile once and the K, V
+//     tiles (128 keys each) up to the causal diagonal with TMA into STAGES stages, each tile as HD / 64 boxes of
+//     64 columns (128 bytes) x 128 rows, 128-byte swizzled by the TMA unit into exactly the layout the wgmma
+//     descriptors read. Rows past T are outside the tensor: TMA writes zeros there (and still credits the whole box).
+//     The tensor map views qkv as the 4-D tensor (hd, head, token, batch), box (64, 1, 128, 1).
+//   warpgroups 1, 2, consumers of 64 query rows each: setmaxnreg.inc to 240; S = Q K^T as wgmma m64n128k16 from
+//     descriptors, causal mask on the diagonal tile, online softmax in the log2 domain on the fragment (quad
+//     reductions), P as bf16 A registers, O += P V as wgmma m64nHDk16 with V MN-major. The two consumers take turns
+//     issuing their wgmma batches ("ping-pong", named barriers 1 and 2), and within a warpgroup S_{j+1} = Q K_{j+1}^T
+//     is issued together with P_j V_j, so the softmax of tile j+1 runs while P_j V_j does (the P registers alternate
+//     between two sets by tile parity).
+// Synchronisation, per stage s: full[s] (1 arrival: the producer's arrive.expect_tx of the tile's bytes, then the
+// TMA's complete_tx) and empty[s] (256 arrivals: every consumer thread, once its P V wgmma reading the stage has been
+// waited on). Tile j uses stage j % STAGES in round j / STAGES; round r waits for phase r of full (parity r % 2), and
+// the producer refilling the stage in round r >= 1 waits for phase r - 1 of empty. Q has its own barrier (q_full).
+// Epilogue per consumer warpgroup: O / l as bf16 through the warpgroup's own rows of the dead Q tile (named barrier
+// 3 + w), then 16-byte stores; lse = (m + log2 l) ln 2.
+// smem: Q 128 x HD + STAGES x (K, V) 2 x 128 x HD bf16 + the barriers + 1 KiB to align (HD 128, 3 stages: 225 KiB;
+// HD 64, 6 stages: 209 KiB); registers: 168 at launch (384 x 168 = 128 x 24 + 256 x 240 after setmaxnreg).
 //
 //
 // Backward. Two kernels (a dK/dV kernel per key tile and kv head, a dQ kernel per
@@ -61,6 +69,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+
+#include <cuda.h>          // CUtensorMap and its enums; the encode function is fetched at run time (no -lcuda)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 
 #include "attention_common.cuh"
 #include "cuda_common.h"
@@ -70,9 +82,14 @@
 
 constexpr int WGMMA_THREADS = 256;    // 2 warpgroups
 constexpr int WGMMA_ROWS = 128;       // rows per CTA, 64 per warpgroup: queries (keys in the dK/dV kernel)
-constexpr int WGMMA_FWD_HD = 128;     // the forward's head dim
-constexpr int WGMMA_FWD_KEYS = 128;   // keys per K / V tile of the forward
-constexpr int WGMMA_FWD_STAGES = 3;   // K / V stages of the forward
+constexpr int WGMMA_FWD_KEYS = 128;   // keys per K / V tile of the forward (= WGMMA_ROWS: a CTA's last tile is
+                                      // its diagonal)
+constexpr int WGMMA_FWD_THREADS = 384;     // producer warpgroup + 2 consumer warpgroups
+constexpr int WGMMA_FWD_CONSUMERS = 256;   // consumer threads: the arrivals an empty barrier waits for
+constexpr int WGMMA_FWD_PRODUCER_REGS = 24, WGMMA_FWD_CONSUMER_REGS = 240;  // 128 x 24 + 256 x 240 = 384 x 168
+constexpr int WGMMA_FWD_REGS_NEEDED =  // after setmaxnreg
+    128 * WGMMA_FWD_PRODUCER_REGS + WGMMA_FWD_CONSUMERS * WGMMA_FWD_CONSUMER_REGS;
+static_assert(WGMMA_FWD_REGS_NEEDED <= 65536, "the register split exceeds the SM's register file");
 constexpr int WGMMA_DKDV_STAGES = 4;  // Q / dO stages of the dK/dV kernel (dK's wgmma may run into the next item)
 constexpr int WGMMA_DKDV_QUERIES = 64;  // queries per dK/dV work item
 constexpr int WGMMA_DQ_STAGES = 3;    // K / V stages of the dQ kernel
@@ -221,124 +238,209 @@ __device__ __forceinline__ void wgmma_softmax_update(float (&s)[NS], float (&m)[
     }
 }
 
-constexpr size_t attention_forward_wgmma_smem_bytes() {
-    constexpr int HD = WGMMA_FWD_HD;
-    return sizeof(__nv_bfloat16) * HD * (WGMMA_ROWS + 2 * WGMMA_FWD_STAGES * WGMMA_FWD_KEYS) + 1024;  // + 1024: align
+template <int HD, int STAGES>
+__host__ __device__ constexpr size_t attention_forward_wgmma_smem_bytes() {
+    return sizeof(__nv_bfloat16) * HD * (WGMMA_ROWS + 2 * STAGES * WGMMA_FWD_KEYS) + 8 * (1 + 2 * STAGES) + 1024;
 }
 
-// grid (B * H, ceil(T / 128)), block 256 (2 warpgroups). The two warpgroups take turns issuing their wgmma batches
-// (named barriers 1 and 2: "warpgroup w may issue"), so one warpgroup's softmax runs while the other's matmuls do;
-// with 3 K / V stages, one __syncthreads per tile (tile landed) suffices, so the warpgroups may drift apart by part of
-// a tile instead of running in lockstep.
-__global__ void __launch_bounds__(WGMMA_THREADS, 1)
-    attention_forward_wgmma_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int T, int H, int KV,
-                                   float scale_log2) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma exists only in sm_90a code; elsewhere: see the #else at the end
-    constexpr int HD = WGMMA_FWD_HD, BN = WGMMA_FWD_KEYS, STAGES = WGMMA_FWD_STAGES;
-    constexpr int QBYTES = WGMMA_ROWS * HD * 2, TBYTES = BN * HD * 2;  // tile sizes in bytes
+// The consumer's turn on tile k0: causal mask (diagonal tile only), online softmax update of m, l, then P (bf16 A
+// fragments); alpha: the factor the running O must be scaled by before P V is added.
+__device__ __forceinline__ void attention_forward_wgmma_softmax(float (&s)[WGMMA_FWD_KEYS / 2],
+                                                                uint32_t (&p)[WGMMA_FWD_KEYS / 16][4],
+                                                   float (&m)[2], float (&l)[2], float (&alpha)[2], int k0, int qwg,
+                                                   int row0, int c, float scale_log2) {
+    // diagonal: some key is after some query of the warpgroup (keys >= T included)
+    if (k0 + WGMMA_FWD_KEYS - 1 > qwg) {
+#pragma unroll
+        for (int i = 0; i < WGMMA_FWD_KEYS / 2; i++) {
+            const int key = k0 + 8 * (i / 4) + c + (i % 2), q = row0 + 8 * ((i / 2) % 2);
+            if (key > q) s[i] = -INFINITY;
+        }
+    }
+    wgmma_softmax_update(s, m, l, alpha, scale_log2);
+    wgmma_acc_to_a<WGMMA_FWD_KEYS>(p, s);
+}
+
+template <int HD>
+__device__ __forceinline__ void attention_forward_wgmma_rescale(float (&o)[HD / 2], const float (&alpha)[2]) {
+#pragma unroll
+    for (int jn = 0; jn < HD / 8; jn++) {
+        o[4 * jn + 0] *= alpha[0];
+        o[4 * jn + 1] *= alpha[0];
+        o[4 * jn + 2] *= alpha[1];
+        o[4 * jn + 3] *= alpha[1];
+    }
+}
+
+// O += P V over the tile's 128 keys, one commit group: the V k16 slice kk is rows 16 kk (byte 2048 kk), MN-major.
+template <int HD>
+__device__ __forceinline__ void attention_forward_wgmma_pv(float (&o)[HD / 2],
+                                                           const uint32_t (&p)[WGMMA_FWD_KEYS / 16][4], uint32_t v_st) {
+#pragma unroll
+    for (int kk = 0; kk < WGMMA_FWD_KEYS / 16; kk++) {
+        wgmma_bf16_rs(o, p[kk], wgmma_desc_sw128(v_st + 128 * (16 * kk), WGMMA_FWD_KEYS * 128, 1024), 1);
+    }
+    wgmma_commit_group();
+}
+
+// grid (B * H, ceil(T / 128)), block 384. qkv_map: qkv as the 4-D tensor (hd, head, token, batch), box
+// (64, 1, 128, 1), 128-byte swizzle (attention_qkv_tensor_map).
+template <int HD, int STAGES, bool OVERLAP>
+__global__ void __launch_bounds__(WGMMA_FWD_THREADS, 1)
+    attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap qkv_map, __nv_bfloat16* out, float* lse, int T,
+                                   int H, int KV, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma and setmaxnreg exist only in sm_90a code
+    constexpr int BN = WGMMA_FWD_KEYS, QBYTES = WGMMA_ROWS * HD * 2, TBYTES = BN * HD * 2;  // tile sizes in bytes
+    static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
+    static_assert(STAGES >= 2, "at least 2 K / V stages");
+    static_assert(attention_forward_wgmma_smem_bytes<HD, STAGES>() <= 227 * 1024, "stages do not fit in shared memory");
     extern __shared__ uint8_t wgmma_smem[];
-    // Swizzle atoms must start on 1024-byte boundaries (descriptor base offset 0): align the shared address.
+    // Swizzle atoms (and TMA's swizzled destinations) start on 1024-byte boundaries: align the shared address.
     const uint32_t smem = (smem_addr(wgmma_smem) + 1023u) & ~1023u;
-    const uint32_t q_sm = smem;                    // Q (128 x HD), swizzled
-    const uint32_t k_sm = q_sm + QBYTES;           // STAGES x K (BN x HD)
-    const uint32_t v_sm = k_sm + STAGES * TBYTES;  // STAGES x V (BN x HD)
+    const uint32_t q_sm = smem;                       // Q (128 x HD), swizzled, HD / 64 column blocks
+    const uint32_t k_sm = q_sm + QBYTES;              // STAGES x K (BN x HD)
+    const uint32_t v_sm = k_sm + STAGES * TBYTES;     // STAGES x V (BN x HD)
+    const uint32_t q_full = v_sm + STAGES * TBYTES;   // mbarriers: q_full, full[STAGES], empty[STAGES]
+    const uint32_t full0 = q_full + 8, empty0 = full0 + 8 * STAGES;
     uint8_t* smem_ptr = wgmma_smem + (smem - smem_addr(wgmma_smem));  // generic pointer to the aligned base
 
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int g = lane / 4, c = 2 * (lane % 4);
     const int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV);
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * WGMMA_ROWS;  // the longest (last) query tiles are scheduled first
-    const int qwg = q0 + 64 * wg;                            // the warpgroup's first query
-    const int row0 = qwg + 16 * warp + g;                    // this thread's rows: row0 and row0 + 8
-    const size_t stride = (size_t)(H + 2 * KV) * HD;
-    const __nv_bfloat16* q_src = qkv + (size_t)b * T * stride + (size_t)h * HD;
-    const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
-    const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
-
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * WGMMA_ROWS;   // the longest (last) query tiles are scheduled first
     const int n_tiles = ceil_div(min(q0 + WGMMA_ROWS, T), BN);  // causal: keys up to the CTA's last query
-    wgmma_load_tile<HD, WGMMA_ROWS>(q_sm, q_src, stride, q0, T);
-    wgmma_load_tile<HD, BN>(k_sm, k_src, stride, 0, T);
-    wgmma_load_tile<HD, BN>(v_sm, v_src, stride, 0, T);
-    cp_async_commit();
 
-    float o[HD / 2];             // O accumulator fragment (64 x HD per warpgroup)
+    if (threadIdx.x == 0) {
+        mbarrier_init(q_full, 1);
+        for (int s = 0; s < STAGES; s++) {
+            mbarrier_init(full0 + 8 * s, 1);
+            mbarrier_init(empty0 + 8 * s, WGMMA_FWD_CONSUMERS);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();  // the barriers are initialised before anyone uses them (the last CTA-wide barrier)
+
+    if (threadIdx.x < 128) {  // producer warpgroup
+        setmaxnreg_dec<WGMMA_FWD_PRODUCER_REGS>();
+        if (threadIdx.x < 32 && elect_one_sync()) {
+            mbarrier_arrive_expect_tx(q_full, QBYTES);
+            for (int cb = 0; cb < HD / 64; cb++) {
+                tma_load_4d(q_sm + cb * (WGMMA_ROWS * 128), &qkv_map, q_full, 64 * cb, h, q0, b);
+            }
+            for (int j = 0; j < n_tiles; j++) {
+                const int s = j % STAGES, round = j / STAGES;
+                if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);  // the consumers released tile j-STAGES
+                mbarrier_arrive_expect_tx(full0 + 8 * s, 2 * TBYTES);         // K and V, all column blocks
+                for (int cb = 0; cb < HD / 64; cb++) {
+                    tma_load_4d(k_sm + s * TBYTES + cb * (BN * 128), &qkv_map, full0 + 8 * s, 64 * cb, H + kvh, j * BN,
+                                b);
+                    tma_load_4d(v_sm + s * TBYTES + cb * (BN * 128), &qkv_map, full0 + 8 * s, 64 * cb,
+                                H + KV + kvh, j * BN, b);
+                }
+            }
+        }
+        return;
+    }
+
+    // Consumers.
+    setmaxnreg_inc<WGMMA_FWD_CONSUMER_REGS>();
+    const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, c = 2 * (lane % 4);
+    const int qwg = q0 + 64 * wg;          // the warpgroup's first query
+    const int row0 = qwg + 16 * warp + g;  // this thread's rows: row0 and row0 + 8
+
+    float o[HD / 2];  // O accumulator fragment (64 x HD per warpgroup)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows row0, row0 + 8: running max (log2), lane sums
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
-    if (wg == 1) named_barrier_arrive<256>(1);  // warpgroup 0 issues first
+    float s[BN / 2];          // S accumulator fragment (64 x 128)
+    uint32_t p[BN / 16][4];   // P as bf16 A registers, live until its P V wgmma has been waited on
+    float alpha[2];
+    if (wg == 1) named_barrier_arrive<WGMMA_FWD_CONSUMERS>(1);  // consumer 0 issues first
+    mbarrier_wait(q_full, 0);
 
-    for (int j = 0; j < n_tiles; j++) {
-        const int stage = j % STAGES, next = (j + 1) % STAGES;
-        if (j + 1 < n_tiles) {  // prefetch tile j+1 into the stage of tile j+1-STAGES (both warpgroups finished it
-                                // before the __syncthreads of iteration j)
-            wgmma_load_tile<HD, BN>(k_sm + next * TBYTES, k_src, stride, (j + 1) * BN, T);
-            wgmma_load_tile<HD, BN>(v_sm + next * TBYTES, v_src, stride, (j + 1) * BN, T);
-            cp_async_commit();
-            cp_async_wait<1>();  // tile j (and Q) landed; tile j+1 may still be in flight
-        } else {
-            cp_async_wait<0>();
+    if constexpr (!OVERLAP) {
+        for (int j = 0; j < n_tiles; j++) {
+            const int st = j % STAGES;
+            mbarrier_wait(full0 + 8 * st, (j / STAGES) & 1);
+            named_barrier_sync<WGMMA_FWD_CONSUMERS>(1 + wg);  // my turn to issue
+            wgmma_fence();
+            wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_sm, k_sm + st * TBYTES, wg);
+            named_barrier_arrive<WGMMA_FWD_CONSUMERS>(2 - wg);  // the other consumer's turn
+            wgmma_wait_group<0>();
+            pin_registers(s);
+            attention_forward_wgmma_softmax(s, p, m, l, alpha, j * BN, qwg, row0, c, scale_log2);
+            attention_forward_wgmma_rescale<HD>(o, alpha);
+            pin_registers(p);  // P and the rescaled O are written before the wgmma.fence
+            pin_registers(o);
+            named_barrier_sync<WGMMA_FWD_CONSUMERS>(1 + wg);
+            wgmma_fence();
+            attention_forward_wgmma_pv<HD>(o, p, v_sm + st * TBYTES);
+            named_barrier_arrive<WGMMA_FWD_CONSUMERS>(2 - wg);
+            wgmma_wait_group<0>();
+            pin_registers(o);
+            pin_registers(p);
+            mbarrier_arrive(empty0 + 8 * st);  // this thread's reads of the stage are done
         }
-        fence_proxy_async_shared();  // this thread's cp.async writes -> visible to wgmma (async proxy)
-        __syncthreads();             // ... and everyone's
-
-        // No warpgroup skips a tile (with 128-key tiles each has a visible key anyway): the turn-taking needs both
-        // warpgroups to issue the same number of batches.
-        const int k0 = j * BN;
-        const uint32_t k_st = k_sm + stage * TBYTES, v_st = v_sm + stage * TBYTES;
-        // S = Q K^T, one commit group. The k16 slice kk of d is column block kk / 4, bytes 32 (kk % 4) of each row.
-        float s[BN / 2];
-        named_barrier_sync<256>(1 + wg);  // my turn to issue
+    } else {
+        // P_j lives in p (j even) or pb (j odd) (no register copies: ptxas serialises the wgmmas when ordinary
+        // instructions define their A registers inside the pipeline).
+        uint32_t pb[BN / 16][4];
+        // Tile j < n_tiles - 1: S_{j+1} and P_j V_j issued together, the softmax of S_{j+1} (into p_next) while
+        // P_j V_j runs.
+        auto step = [&](int j, uint32_t(&p_cur)[BN / 16][4], uint32_t(&p_next)[BN / 16][4]) {
+            const int st = j % STAGES, nst = (j + 1) % STAGES;
+            mbarrier_wait(full0 + 8 * nst, ((j + 1) / STAGES) & 1);
+            pin_registers(p_cur);
+            pin_registers(o);
+            named_barrier_sync<WGMMA_FWD_CONSUMERS>(1 + wg);
+            wgmma_fence();
+            wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_sm, k_sm + nst * TBYTES, wg);  // S_{j+1}: one group
+            attention_forward_wgmma_pv<HD>(o, p_cur, v_sm + st * TBYTES);                    // P_j V_j: the next group
+            named_barrier_arrive<WGMMA_FWD_CONSUMERS>(2 - wg);
+            wgmma_wait_group<1>();  // groups complete in order: S_{j+1} is done, P_j V_j may still run
+            pin_registers(s);
+            attention_forward_wgmma_softmax(s, p_next, m, l, alpha, (j + 1) * BN, qwg, row0, c, scale_log2);
+            wgmma_wait_group<0>();  // P_j V_j done: O may be rescaled, P_j's registers and stage st are free
+            pin_registers(o);
+            pin_registers(p_cur);
+            mbarrier_arrive(empty0 + 8 * st);
+            attention_forward_wgmma_rescale<HD>(o, alpha);
+        };
+        // The last tile: P V only.
+        auto last = [&](int j, uint32_t(&p_cur)[BN / 16][4]) {
+            const int st = j % STAGES;
+            pin_registers(p_cur);
+            pin_registers(o);
+            named_barrier_sync<WGMMA_FWD_CONSUMERS>(1 + wg);
+            wgmma_fence();
+            attention_forward_wgmma_pv<HD>(o, p_cur, v_sm + st * TBYTES);
+            named_barrier_arrive<WGMMA_FWD_CONSUMERS>(2 - wg);
+            wgmma_wait_group<0>();
+            pin_registers(o);
+            pin_registers(p_cur);
+            mbarrier_arrive(empty0 + 8 * st);
+        };
+        // Prologue: S_0 and its softmax (O is zero: no rescale).
+        mbarrier_wait(full0, 0);
+        named_barrier_sync<WGMMA_FWD_CONSUMERS>(1 + wg);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            const uint32_t off = 32 * (kk % 4);
-            const uint64_t da = wgmma_desc_sw128(q_sm + (kk / 4) * (WGMMA_ROWS * 128) + 64 * wg * 128 + off, 16, 1024);
-            const uint64_t db = wgmma_desc_sw128(k_st + (kk / 4) * (BN * 128) + off, 16, 1024);
-            wgmma_bf16_ss(s, da, db, kk > 0);
-        }
-        wgmma_commit_group();
-        named_barrier_arrive<256>(2 - wg);  // the other warpgroup's turn
-        uint32_t p[BN / 16][4];  // P as bf16 A registers, live until its P V wgmma is done
+        wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_sm, k_sm, wg);
+        named_barrier_arrive<WGMMA_FWD_CONSUMERS>(2 - wg);
         wgmma_wait_group<0>();
         pin_registers(s);
-        if (k0 + BN - 1 > qwg) {  // diagonal: some key is after some query of the warpgroup
-#pragma unroll
-            for (int i = 0; i < BN / 2; i++) {
-                const int key = k0 + 8 * (i / 4) + c + (i % 2), q = row0 + 8 * ((i / 2) % 2);
-                if (key > q) s[i] = -INFINITY;
-            }
+        attention_forward_wgmma_softmax(s, p, m, l, alpha, 0, qwg, row0, c, scale_log2);
+        int j = 0;
+        for (; j + 2 < n_tiles; j += 2) {
+            step(j, p, pb);
+            step(j + 1, pb, p);
         }
-        float alpha[2];
-        wgmma_softmax_update(s, m, l, alpha, scale_log2);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {  // n8 groups 2 kk, 2 kk + 1 = keys 16 kk .. 16 kk + 15
-            p[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
-            p[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-            p[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-            p[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+        if (j + 1 < n_tiles) {
+            step(j, p, pb);
+            last(j + 1, pb);
+        } else {
+            last(j, p);
         }
-#pragma unroll
-        for (int jn = 0; jn < HD / 8; jn++) {
-            o[4 * jn + 0] *= alpha[0];
-            o[4 * jn + 1] *= alpha[0];
-            o[4 * jn + 2] *= alpha[1];
-            o[4 * jn + 3] *= alpha[1];
-        }
-        // O += P V: the V k16 slice kk is rows 16 kk (byte 2048 kk), MN-major.
-        pin_registers(p);  // P and the rescaled O are written before the wgmma.fence
-        pin_registers(o);
-        named_barrier_sync<256>(1 + wg);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            wgmma_bf16_rs(o, p[kk], wgmma_desc_sw128(v_st + 128 * (16 * kk), BN * 128, 1024), 1);
-        }
-        wgmma_commit_group();
-        named_barrier_arrive<256>(2 - wg);
-        wgmma_wait_group<0>();
-        pin_registers(o);
     }
-    if (wg == 0) named_barrier_sync<256>(1);  // consume warpgroup 1's last pass, so no arrival is left pending
+    if (wg == 0) named_barrier_sync<WGMMA_FWD_CONSUMERS>(1);  // consume consumer 1's last pass: no arrival left pending
 
     // Epilogue. lse, then O / l as bf16 into the warpgroup's own rows of the (dead) Q tile, then coalesced stores.
     float inv_l[2];
@@ -360,20 +462,21 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
                 pack_bf16x2(o[4 * jn + 2 * r] * inv_l[r], o[4 * jn + 2 * r + 1] * inv_l[r]);
         }
     }
-    __syncthreads();
+    named_barrier_sync<128>(3 + wg);  // the warpgroup's rows are staged
     const size_t out_stride = (size_t)H * HD;
     __nv_bfloat16* dst = out + (size_t)b * T * out_stride + (size_t)h * HD;
     constexpr int CHUNKS = HD / 8;
+    const int t = threadIdx.x % 128;
 #pragma unroll
-    for (int i = 0; i < WGMMA_ROWS * CHUNKS / WGMMA_THREADS; i++) {
-        const int idx = i * WGMMA_THREADS + threadIdx.x, r = idx / CHUNKS, ch = idx % CHUNKS;
-        if (q0 + r < T) {
-            *reinterpret_cast<int4*>(dst + (size_t)(q0 + r) * out_stride + 8 * ch) =
-                *reinterpret_cast<const int4*>(smem_ptr + swizzle128_offset<WGMMA_ROWS>(r, ch));
+    for (int i = 0; i < 64 * CHUNKS / 128; i++) {
+        const int idx = i * 128 + t, r = idx / CHUNKS, ch = idx % CHUNKS;
+        if (qwg + r < T) {
+            *reinterpret_cast<int4*>(dst + (size_t)(qwg + r) * out_stride + 8 * ch) =
+                *reinterpret_cast<const int4*>(smem_ptr + swizzle128_offset<WGMMA_ROWS>(64 * wg + r, ch));
         }
     }
 #else
-    // Not sm_90a code: the host never launches this (attention_wgmma_usable); fail loudly if someone does.
+    // Not sm_90a code: the host never launches this (attention_forward_wgmma_config checks attention_wgmma_usable).
     __trap();
 #endif
 }
@@ -653,11 +756,10 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
 // ----------------------------------------------------------------------------------------------------------------
 // Host side
 
-
 // True when the kernels of this file can run on the current device: compute capability 9.0 (H100 / H200; wgmma is
 // sm_90a-only, later architectures do not run sm_90a code), and the kernel image the runtime picked is sm_90 machine
-// code (not, say, an sm_80 image or PTX JIT-compiled from an older target, where the bodies are traps). The forward
-// kernel's image stands for all of them: they are compiled together. Cached per device: both queries are host-side,
+// code (not, say, an sm_80 image or PTX JIT-compiled from an older target, where the bodies are traps). One kernel's
+// image stands for all of them: they are compiled together. Cached per device: both queries are host-side,
 // but need not be repeated every layer.
 inline bool attention_wgmma_usable() {
     static int cached_device = -1;
@@ -671,7 +773,7 @@ inline bool attention_wgmma_usable() {
         cached_usable = false;
         if (major == 9 && minor == 0) {
             cudaFuncAttributes attr;
-            cudaCheck(cudaFuncGetAttributes(&attr, attention_forward_wgmma_kernel));
+            cudaCheck(cudaFuncGetAttributes(&attr, attention_backward_dq_wgmma_kernel<64>));
             cached_usable = attr.binaryVersion == 90;
         }
         cached_device = device;
@@ -679,14 +781,72 @@ inline bool attention_wgmma_usable() {
     return cached_usable;
 }
 
-// The kernels move rows in 16-byte chunks (cp.async loads, int4 stores): row strides are multiples of 8 elements, so
+// The tensor map of qkv (B, T, (H + 2 KV) hd) bf16 as the 4-D tensor (hd, head, token, batch), innermost first,
+// strides in bytes nested as cuTensorMapEncodeTiled wants them; box (64, 1, 128, 1) = 128 rows of 128 bytes, 128-byte
+// swizzle; out-of-bounds elements (tokens >= T) read as zeros.
+inline CUtensorMap attention_qkv_tensor_map(const floatX* qkv, int B, int T, int H, int KV, int hd) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+    if (encode == nullptr) {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult found;
+        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
+            fprintf(stderr, "attention_forward_wgmma: the driver has no cuTensorMapEncodeTiled\n");
+            fail_exit();
+        }
+        encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }
+    const cuuint64_t heads = (cuuint64_t)H + 2 * KV, elem = sizeof(__nv_bfloat16);
+    const cuuint64_t dims[4] = {(cuuint64_t)hd, heads, (cuuint64_t)T, (cuuint64_t)B};
+    const cuuint64_t strides[3] = {hd * elem, heads * hd * elem, (cuuint64_t)T * heads * hd * elem};
+    const cuuint32_t box[4] = {64, 1, WGMMA_ROWS, 1};
+    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    CUtensorMap map;
+    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<floatX*>(qkv), dims, strides, box,
+                              element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr,
+                "attention_forward_wgmma: cuTensorMapEncodeTiled failed (CUresult %d) for B %d T %d H %d KV %d hd %d\n",
+                (int)r, B, T, H, KV, hd);
+        fail_exit();
+    }
+    return map;
+}
 
-// The wgmma forward (head_dim 128; the caller checked attention_wgmma_usable). Same contract as attention_forward.
+template <int HD, int STAGES, bool OVERLAP>
+inline void attention_forward_wgmma_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV,
+                              cudaStream_t stream) {
+    static bool smem_set = false, regs_checked = false;
+    const size_t smem = attention_forward_wgmma_smem_bytes<HD, STAGES>();
+    attention_set_smem(attention_forward_wgmma_kernel<HD, STAGES, OVERLAP>, smem, smem_set);
+    if (!regs_checked) {
+        // setmaxnreg.inc waits for registers that setmaxnreg.dec returned to the CTA's allocation: a CTA launched
+        // with fewer than the split needs would hang, so refuse to launch it.
+        cudaFuncAttributes attr;
+        cudaCheck(cudaFuncGetAttributes(&attr, attention_forward_wgmma_kernel<HD, STAGES, OVERLAP>));
+        if (attr.numRegs * WGMMA_FWD_THREADS < WGMMA_FWD_REGS_NEEDED) {
+            fprintf(stderr, "attention_forward_wgmma: kernel compiled to %d registers per thread, the producer / "
+                    "consumer split needs %d\n", attr.numRegs, WGMMA_FWD_REGS_NEEDED / WGMMA_FWD_THREADS);
+            fail_exit();
+        }
+        regs_checked = true;
+    }
+    const CUtensorMap map = attention_qkv_tensor_map(qkv, B, T, H, KV, HD);
+    const float scale_log2 = ATTN_LOG2E / sqrtf((float)HD);
+    dim3 grid(B * H, ceil_div(T, WGMMA_ROWS));
+    attention_forward_wgmma_kernel<HD, STAGES, OVERLAP>
+        <<<grid, WGMMA_FWD_THREADS, smem, stream>>>(map, out, lse, T, H, KV, scale_log2);
+    cudaCheckLaunch();
+}
+
+// The wgmma forward (head_dim 64 or 128; the caller checked attention_wgmma_usable). Same contract as
+// attention_forward. Stages measured best on an H100 (dev/cuda/attention_forward.cu): 6 at hd 64, 3 at hd 128.
 inline void attention_forward_wgmma(floatX* out, float* lse, const floatX* qkv, int B, int T, int n_heads,
                                     int n_kv_heads, int head_dim, cudaStream_t stream) {
     attention_check_args("attention_forward_wgmma", B, T, n_heads, n_kv_heads, head_dim);
-    if (head_dim != WGMMA_FWD_HD) {
-        fprintf(stderr, "attention_forward_wgmma: head_dim %d unsupported (%d only)\n", head_dim, WGMMA_FWD_HD);
+    if (head_dim != 64 && head_dim != 128) {
+        fprintf(stderr, "attention_forward_wgmma: head_dim %d unsupported (64 and 128 only)\n", head_dim);
         fail_exit();
     }
     if (!attention_aligned16({out, qkv})) {
@@ -694,14 +854,11 @@ inline void attention_forward_wgmma(floatX* out, float* lse, const floatX* qkv, 
                 (const void*)qkv);
         fail_exit();
     }
-    static bool smem_set = false;
-    const size_t smem = attention_forward_wgmma_smem_bytes();
-    attention_set_smem(attention_forward_wgmma_kernel, smem, smem_set);
-    const float scale_log2 = ATTN_LOG2E / sqrtf((float)WGMMA_FWD_HD);
-    dim3 grid(B * n_heads, ceil_div(T, WGMMA_ROWS));
-    attention_forward_wgmma_kernel<<<grid, WGMMA_THREADS, smem, stream>>>(out, lse, qkv, T, n_heads, n_kv_heads,
-                                                                          scale_log2);
-    cudaCheckLaunch();
+    if (head_dim == 64) {
+        attention_forward_wgmma_launch<64, 6, true>(out, lse, qkv, B, T, n_heads, n_kv_heads, stream);
+    } else {
+        attention_forward_wgmma_launch<128, 3, true>(out, lse, qkv, B, T, n_heads, n_kv_heads, stream);
+    }
 }
 
 // The wgmma backward at one head dim (D included).

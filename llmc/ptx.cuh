@@ -4,8 +4,9 @@
 //                    call these only from code compiled for sm_90a (the kernels guard their bodies with
 //                    __CUDA_ARCH_FEAT_SM90_ALL).
 //   sm_90:           mbarrier with transaction counts, TMA (cp.async.bulk.tensor), elect.sync, and setmaxnreg
-//                    (sm_90a only), for the warp-specialised forward (dev/cuda/attention_forward_v5.cuh; same guard).
-// Every wrapper is one instruction (or one register constraint); names follow the instruction.
+//                    (sm_90a only), for the warp-specialised forward (attention_wgmma.cuh; same guard).
+// Every wrapper is one instruction (or one register constraint; mbarrier_wait loops over one); names follow the
+// instruction.
 //
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: D (16 x 8 fp32) += A (16 x 16) B (16 x 8), bf16.
 // Fragment ownership (PTX ISA, "Matrix fragments for mma.m16n8k16"), with g = lane / 4 and c = 2 (lane % 4):
@@ -273,6 +274,11 @@ __device__ __forceinline__ bool mbarrier_try_wait_parity(uint32_t bar, uint32_t 
         : "r"(bar), "r"(parity)
         : "memory");
     return done != 0;
+}
+// Blocks until the phase of parity `parity` of mbarrier bar has completed (a loop over the instruction above).
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+    while (!mbarrier_try_wait_parity(bar, parity)) {
+    }
 }
 
 // 4-D tiled TMA load of the box at coordinates (c0, c1, c2, c3) of tensor map `map` (a __grid_constant__ parameter)

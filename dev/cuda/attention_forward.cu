@@ -5,8 +5,8 @@
 //
 // The CPU reference accumulates in fp64 and materialises each score row (fine at the small T validated here).
 //
-// Versions (v1 and v4 from llmc/, v2 and v3 in this file, v5 in attention_forward_v5.cuh; causal TFLOP/s =
-// 2 B H T^2 hd / time, H200, shapes of the timing table):
+// Versions (v1 and v5 from llmc/, v2-v4 in this file; causal TFLOP/s = 2 B H T^2 hd / time, H200 unless named,
+// shapes of the timing table):
 //   v1: attention_forward_scalar (llmc/attention_scalar.cuh): flash-style tiled CUDA-core fp32 kernel, online
 //       softmax (any precision, hd 1..128).
 //       Measured: 22-26 TFLOP/s on the three timing shapes.
@@ -27,8 +27,8 @@
 //         (1, 8192, 32, 8, 128): 288 TFLOP/s
 //       Other tile configurations tried (./attention_forward sweep), same shapes: hd 64 MT 2 / 32 keys 217; hd 128
 //       MT 2 / 64 keys (176 bytes spilled) 266, 275; hd 64 MT 1 / 128 keys 208; hd 128 MT 1 / 32 keys 226, 232.
-//   v4: attention_forward (what the trainer runs, llmc/attention.cuh): at hd 128 on Hopper the wgmma kernel of
-//       llmc/attention_wgmma.cuh (bf16 build, sm_90a); at hd 64 v3's kernel (llmc/attention_mma.cuh); v1 otherwise.
+//   v4: what the trainer ran until v5: at hd 128 on Hopper the wgmma kernel below (forward_wgmma_kernel<128, 1,
+//       true>; bf16 build, sm_90a); at hd 64 v3's kernel (llmc/attention_mma.cuh); v1 otherwise.
 //       wgmma: CTA = 128 queries = 2 consumer warpgroups of 64 rows sharing K / V tiles of 128 keys in
 //       128-byte-swizzled smem (cp.async, 3
 //       stages); S = Q K^T as wgmma m64n128k16 with Q and K from smem descriptors, P V as wgmma m64nHDk16 with P from
@@ -51,30 +51,34 @@
 //       cp.async + __syncthreads, setmaxnreg to move registers from the producer to the consumers (240 each), then
 //       intra-warpgroup pipelining (issue S of tile j+1 before the softmax of tile j, which needs the registers
 //       setmaxnreg frees); and skipping the masked half of warpgroup 0's diagonal tile.
-//   v5: the warp-specialised TMA forward of attention_forward_v5.cuh (FlashAttention-3 style; bf16 build, sm_90a,
-//       hd 64 and 128; other head dims and non-Hopper devices run v4). CTA = 128 queries, 384 threads: warpgroup 0
+//   v5: attention_forward (what the trainer runs, llmc/attention.cuh): on Hopper at hd 64 and 128 the
+//       warp-specialised TMA forward of llmc/attention_wgmma.cuh (FlashAttention-3 style; bf16 build, sm_90a);
+//       elsewhere v3 at hd 64 (other GPUs) and v1. CTA = 128 queries, 384 threads: warpgroup 0
 //       is the producer (setmaxnreg.dec 24): one elected thread loads Q once and K / V tiles of 128 keys with TMA
 //       (cp.async.bulk.tensor over qkv as the 4-D tensor (hd, head, token, batch), boxes of 64 columns x 128 rows,
 //       SWIZZLE_128B = the layout v4's descriptors read; tokens >= T zero-filled) into STAGES stages with full /
 //       empty mbarriers per stage; warpgroups 1, 2 are consumers of 64 rows (setmaxnreg.inc 240) with v4's math and
 //       ping-pong, no __syncthreads in the loop, and with OVERLAP the intra-warpgroup pipelining (S_{j+1} issued with
 //       P_j V_j, the softmax of S_{j+1} while P_j V_j runs; P in two register sets by tile parity, since copying it
-//       made ptxas serialise the wgmmas). Default: 4 stages at hd 64, 3 at hd 128, overlap on. Registers: 168 at
-//       launch (384 threads, 1 CTA per SM), 24 / 240 after setmaxnreg, no spills; smem 145 KiB (hd 64, 4 stages),
-//       225 KiB (hd 128, 3 stages). Sweep: 107 no overlap, 108 two stages, 109 six stages at hd 64.
-//       Measured: not yet measured.
+//       made ptxas serialise the wgmmas). 6 stages at hd 64, 3 at hd 128, overlap on. Registers: 168 at launch
+//       (384 threads, 1 CTA per SM), 24 / 240 after setmaxnreg, no spills; smem 209 KiB (hd 64, 6 stages), 225 KiB
+//       (hd 128, 3 stages). Measured on an NVIDIA H100 (one session; v4 in the same run: 249 / 415 / 444):
+//         (4, 2048, 32, 8, 64):  319 TFLOP/s   (cuDNN via PyTorch SDPA in attention_vs_pytorch.py, the same
+//         (2, 4096, 32, 8, 128): 575 TFLOP/s    session: 257 / 528 / 544; an earlier H100 session: 270 / 532 / 547)
+//         (1, 8192, 32, 8, 128): 641 TFLOP/s
+//       Variants (sweep, same run): 4 stages at hd 64 (the first choice) 311 / 565 / 635 (noise at hd 128: the same
+//       kernel); no intra-warpgroup overlap 300 / 517 / 572; 2 stages 298 / 468 / 515.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_forward.cu
 // Run:   ./attention_forward [version]     (no argument: every version; the fp32 build has only v1)
 //        ./attention_forward sweep         (bf16: other tile configurations and v4 variants, spot-validated and timed)
-// Version 4's hd 128 kernel needs a compute capability 9.0 GPU and the sm_90a build; elsewhere v4 runs v1 at hd 128
-// and v5 runs v4 (a note says so).
+// Versions 4 and 5 need a compute capability 9.0 GPU and the sm_90a build for their Hopper kernels; elsewhere they
+// run v3 / v1 (a note says so).
 #include "common.h"
 
 #include "../../llmc/attention.cuh"
 #include "../../llmc/ptx.cuh"
-#include "attention_forward_v5.cuh"
 #include "attention_shapes.h"
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -501,6 +505,27 @@ static void forward_wgmma_config(floatX* out, float* lse, const floatX* qkv, int
     }
     attention_forward(out, lse, qkv, B, T, H, KV, hd, 0);
 }
+
+// v4: the wgmma kernel above at hd 128 on Hopper, v3's mma.sync kernel (llmc) at hd 64, else v1.
+static void forward_v4(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
+    if (hd == 128 && attention_aligned16({out, qkv}) && attention_wgmma_usable()) {
+        attention_check_args("forward_v4", B, T, H, KV, hd);
+        return forward_wgmma_launch<128, 1, true>(out, lse, qkv, B, T, H, KV);
+    }
+    if (hd == MMA_FWD_HD) return attention_forward_mma(out, lse, qkv, B, T, H, KV, hd, 0);
+    attention_forward_scalar(out, lse, qkv, B, T, H, KV, hd, 0);
+}
+
+// v5 (llmc's warp-specialised kernel) with its knobs <stages, overlap> for hd 64 and for hd 128; elsewhere as v5.
+template <int ST64, bool OV64, int ST128, bool OV128>
+static void forward_v5_config(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
+    if ((hd == 64 || hd == 128) && attention_aligned16({out, qkv}) && attention_wgmma_usable()) {
+        attention_check_args("forward_v5_config", B, T, H, KV, hd);
+        if (hd == 64) return attention_forward_wgmma_launch<64, ST64, OV64>(out, lse, qkv, B, T, H, KV, 0);
+        return attention_forward_wgmma_launch<128, ST128, OV128>(out, lse, qkv, B, T, H, KV, 0);
+    }
+    attention_forward(out, lse, qkv, B, T, H, KV, hd, 0);
+}
 #endif  // !ENABLE_FP32
 
 static void attention_forward_gpu(int version, floatX* out, float* lse, const floatX* qkv, int B, int T, int H,
@@ -510,8 +535,8 @@ static void attention_forward_gpu(int version, floatX* out, float* lse, const fl
 #if !defined(ENABLE_FP32)
         case 2: forward_tc_config<1, 64, 1, 64>(out, lse, qkv, B, T, H, KV, hd); break;  // 16 queries per warp
         case 3: forward_tc_config<2, 64, 2, 32>(out, lse, qkv, B, T, H, KV, hd); break;  // 32 queries per warp
-        case 4: attention_forward(out, lse, qkv, B, T, H, KV, hd, 0); break;  // what the trainer runs
-        case 5: attention_forward_v5(out, lse, qkv, B, T, H, KV, hd, 0); break;  // warp-specialised, TMA
+        case 4: forward_v4(out, lse, qkv, B, T, H, KV, hd); break;
+        case 5: attention_forward(out, lse, qkv, B, T, H, KV, hd, 0); break;  // what the trainer runs
         // Tuning candidates (./attention_forward sweep): not versions of their own.
         case 101: forward_tc_config<2, 32, 2, 64>(out, lse, qkv, B, T, H, KV, hd); break;
         case 102: forward_tc_config<1, 128, 1, 32>(out, lse, qkv, B, T, H, KV, hd); break;
@@ -522,10 +547,11 @@ static void attention_forward_gpu(int version, floatX* out, float* lse, const fl
         case 105: forward_wgmma_config<2, false, 2, false>(out, lse, qkv, B, T, H, KV, hd); break;
         case 106: forward_wgmma_config<1, true, 2, true>(out, lse, qkv, B, T, H, KV, hd); break;
         // v5 variants <stages, overlap for hd 64; stages, overlap for hd 128>: no intra-warpgroup overlap; 2 stages;
+        // 4 stages at hd 64.
         // 6 stages at hd 64 (the most that fit).
-        case 107: attention_forward_v5_config<4, false, 3, false>(out, lse, qkv, B, T, H, KV, hd, 0); break;
-        case 108: attention_forward_v5_config<2, true, 2, true>(out, lse, qkv, B, T, H, KV, hd, 0); break;
-        case 109: attention_forward_v5_config<6, true, 3, true>(out, lse, qkv, B, T, H, KV, hd, 0); break;
+        case 107: forward_v5_config<6, false, 3, false>(out, lse, qkv, B, T, H, KV, hd); break;
+        case 108: forward_v5_config<2, true, 2, true>(out, lse, qkv, B, T, H, KV, hd); break;
+        case 109: forward_v5_config<4, true, 3, true>(out, lse, qkv, B, T, H, KV, hd); break;
 #endif
         default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
     }
@@ -606,7 +632,7 @@ int main(int argc, char** argv) {
             printf("  note: no sm_90 device or no sm_90a code in this build: v4 runs v1 at hd 128\n");
         }
         if (version == 5 && !attention_wgmma_usable()) {
-            printf("  note: no sm_90 device or no sm_90a code in this build: v5 runs v4\n");
+            printf("  note: no sm_90 device or no sm_90a code in this build: v5 runs v1 (v3 at hd 64)\n");
         }
 #endif
         // T not a multiple of the tiles (64 queries; 32 or 64 keys), group sizes 1, 4, 8, head dims 16, 64, 128.

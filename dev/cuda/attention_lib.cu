@@ -3,8 +3,7 @@
 // kernels order with PyTorch's own work and CUDA events time them like any PyTorch op:
 //   qkv, dqkv (B, T, (H + 2 KV) hd)   out, dout (B, T, H hd)   lse, delta (B, H, T) fp32
 // The functions are the trainer's entry points (attention_forward / attention_backward, which pick the path as
-// llmc/attention.cuh describes), the scalar path for comparison, and the versions under evaluation:
-// attention_forward.cu's v5 (attention_forward_v5.cuh, the warp-specialised TMA forward) and
+// llmc/attention.cuh describes), the scalar path for comparison, and the backward under evaluation:
 // attention_backward.cu's v6 (attention_backward_v6.cuh, the one-pass backward).
 //
 // The script builds the library itself:
@@ -15,7 +14,6 @@
 // (forward and backward, v6's too, against the scalar path), so `make all` and `make run_all` keep working.
 #include "../../llmc/attention.cuh"
 #include "attention_backward_v6.cuh"
-#include "attention_forward_v5.cuh"
 
 extern "C" {
 
@@ -27,18 +25,6 @@ void llmc_attention_forward(void* out, float* lse, const void* qkv, int B, int T
                             void* stream) {
     attention_forward(static_cast<floatX*>(out), lse, static_cast<const floatX*>(qkv), B, T, H, KV, hd,
                       static_cast<cudaStream_t>(stream));
-}
-
-// attention_forward.cu's version 5, same contract (the fp32 build has no v5: attention_forward there).
-void llmc_attention_forward_v5(void* out, float* lse, const void* qkv, int B, int T, int H, int KV, int hd,
-                               void* stream) {
-#if defined(ENABLE_FP32)
-    attention_forward(static_cast<floatX*>(out), lse, static_cast<const floatX*>(qkv), B, T, H, KV, hd,
-                      static_cast<cudaStream_t>(stream));
-#else
-    attention_forward_v5(static_cast<floatX*>(out), lse, static_cast<const floatX*>(qkv), B, T, H, KV, hd,
-                         static_cast<cudaStream_t>(stream));
-#endif
 }
 
 // dqkv OVERWRITTEN; delta is (B, H, T) fp32 scratch.
@@ -103,10 +89,6 @@ int main(int argc, char** argv) {
         DeviceBuffer<float> lse(n_lse), lse_ref(n_lse), delta(n_lse);
         llmc_attention_forward(out.ptr, lse.ptr, qkv, B, T, H, KV, hd, nullptr);
         llmc_attention_forward_scalar(out_ref.ptr, lse_ref.ptr, qkv, B, T, H, KV, hd, nullptr);
-        cudaCheck(cudaDeviceSynchronize());
-        validate("out vs scalar", host_from_device(out.ptr, n_out), host_from_device(out_ref.ptr, n_out));
-        validate("lse vs scalar", host_from_device(lse.ptr, n_lse), host_from_device(lse_ref.ptr, n_lse));
-        llmc_attention_forward_v5(out.ptr, lse.ptr, qkv, B, T, H, KV, hd, nullptr);
         // Both backwards from the scalar forward's out and lse, so they differ only in the backward itself.
         llmc_attention_backward(dqkv.ptr, delta.ptr, dout, qkv, out_ref.ptr, lse_ref.ptr, B, T, H, KV, hd, nullptr);
         llmc_attention_backward_v6(dqkv_v6.ptr, delta.ptr, dout, qkv, out_ref.ptr, lse_ref.ptr, B, T, H, KV, hd,
@@ -114,8 +96,8 @@ int main(int argc, char** argv) {
         llmc_attention_backward_scalar(dqkv_ref.ptr, delta.ptr, dout, qkv, out_ref.ptr, lse_ref.ptr, B, T, H, KV, hd,
                                        nullptr);
         cudaCheck(cudaDeviceSynchronize());
-        validate("v5 out vs scalar", host_from_device(out.ptr, n_out), host_from_device(out_ref.ptr, n_out));
-        validate("v5 lse vs scalar", host_from_device(lse.ptr, n_lse), host_from_device(lse_ref.ptr, n_lse));
+        validate("out vs scalar", host_from_device(out.ptr, n_out), host_from_device(out_ref.ptr, n_out));
+        validate("lse vs scalar", host_from_device(lse.ptr, n_lse), host_from_device(lse_ref.ptr, n_lse));
         validate("dqkv vs scalar", host_from_device(dqkv.ptr, n_qkv), host_from_device(dqkv_ref.ptr, n_qkv));
         validate("dqkv v6 vs scalar", host_from_device(dqkv_v6.ptr, n_qkv), host_from_device(dqkv_ref.ptr, n_qkv));
         cudaCheck(cudaFree(qkv));

@@ -15,12 +15,10 @@ repeat_interleave, outside the timed region (their gradients are summed back ove
 Our forward + backward includes everything the trainer runs: forward (out, lse), backward (delta + dK/dV + dQ).
 PyTorch's includes autograd's own work for one SDPA node.
 
---forward v5 runs attention_forward.cu's version 5 (llmc_attention_forward_v5, the warp-specialised TMA forward) as
-our forward instead of the trainer's (v4); --backward v6 runs attention_backward.cu's one-pass v6
-(llmc_attention_backward_v6) instead of the trainer's (v5).
+--backward v6 runs attention_backward.cu's one-pass v6 (llmc_attention_backward_v6) instead of the trainer's (v5).
 
 Usage (on the GPU machine):  python dev/cuda/attention_vs_pytorch.py [--iters 30] [--build-dir /tmp/llmc_attention]
-                             [--forward v4|v5] [--backward v5|v6]
+                             [--backward v5|v6]
 """
 
 import argparse
@@ -42,7 +40,7 @@ TOLERANCE = 1e-2
 
 def build_library(build_dir):
     src = os.path.join(HERE, "attention_lib.cu")
-    deps = [src] + [os.path.join(HERE, name) for name in ("attention_backward_v6.cuh", "attention_forward_v5.cuh")]
+    deps = [src, os.path.join(HERE, "attention_backward_v6.cuh")]
     deps += [os.path.join(REPO, "llmc", name) for name in
              ("attention.cuh", "attention_common.cuh", "attention_scalar.cuh", "attention_mma.cuh",
               "attention_wgmma.cuh", "ptx.cuh", "cuda_common.h", "utils.h")]
@@ -60,8 +58,6 @@ def build_library(build_dir):
     so.llmc_attention_is_bf16.restype = i
     so.llmc_attention_forward.argtypes = [p, p, p, i, i, i, i, i, p]
     so.llmc_attention_forward.restype = None
-    so.llmc_attention_forward_v5.argtypes = [p, p, p, i, i, i, i, i, p]
-    so.llmc_attention_forward_v5.restype = None
     so.llmc_attention_backward.argtypes = [p, p, p, p, p, p, i, i, i, i, i, p]
     so.llmc_attention_backward.restype = None
     so.llmc_attention_backward_v6.argtypes = [p, p, p, p, p, p, i, i, i, i, i, p]
@@ -93,9 +89,8 @@ def time_ms(fn, iters, warmup=5):
 class Ours:
     """llmc attention on the packed layouts, with its buffers allocated once."""
 
-    def __init__(self, so, qkv, B, H, KV, T, D, forward="v4", backward="v5"):
+    def __init__(self, so, qkv, B, H, KV, T, D, backward="v5"):
         self.so, self.qkv, self.shape = so, qkv, (B, T, H, KV, D)
-        self.forward_fn = so.llmc_attention_forward_v5 if forward == "v5" else so.llmc_attention_forward
         self.backward_fn = so.llmc_attention_backward_v6 if backward == "v6" else so.llmc_attention_backward
         self.out = torch.empty(B, T, H * D, device="cuda", dtype=torch.bfloat16)
         self.lse = torch.empty(B, H, T, device="cuda", dtype=torch.float32)
@@ -104,7 +99,7 @@ class Ours:
 
     def forward(self):
         s = torch.cuda.current_stream().cuda_stream
-        self.forward_fn(self.out.data_ptr(), self.lse.data_ptr(), self.qkv.data_ptr(), *self.shape, s)
+        self.so.llmc_attention_forward(self.out.data_ptr(), self.lse.data_ptr(), self.qkv.data_ptr(), *self.shape, s)
 
     def backward(self, dout):
         s = torch.cuda.current_stream().cuda_stream
@@ -152,7 +147,7 @@ class Torch:
         return dq, dk, dv
 
 
-def run_shape(so, B, H, KV, T, D, iters, forward, backward):
+def run_shape(so, B, H, KV, T, D, iters, backward):
     torch.manual_seed(0)
     # Packed qkv as llmc wants it; PyTorch gets contiguous (B, heads, T, D) copies of the same values.
     qkv = torch.randn(B, T, (H + 2 * KV) * D, device="cuda", dtype=torch.bfloat16)
@@ -163,7 +158,7 @@ def run_shape(so, B, H, KV, T, D, iters, forward, backward):
     dout_t = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16)  # PyTorch's layout
     dout = dout_t.transpose(1, 2).reshape(B, T, H * D).contiguous()        # ours
 
-    ours = Ours(so, qkv, B, H, KV, T, D, forward, backward)
+    ours = Ours(so, qkv, B, H, KV, T, D, backward)
     ours.forward_backward(dout)
     torch.cuda.synchronize()
     dqkv = ours.dqkv.view(B, T, H + 2 * KV, D)
@@ -204,8 +199,6 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30, help="timed runs per measurement (median reported), >= 20")
     ap.add_argument("--build-dir", default="/tmp/llmc_attention", help="where libllmc_attention.so is built")
-    ap.add_argument("--forward", choices=["v4", "v5"], default="v4",
-                    help="our forward: v4 (the trainer's attention_forward) or attention_forward.cu's version 5")
     ap.add_argument("--backward", choices=["v5", "v6"], default="v5",
                     help="our backward: v5 (the trainer's) or v6 (attention_backward.cu's one-pass)")
     args = ap.parse_args()
@@ -213,12 +206,11 @@ def main():
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}, "
           f"our backward {args.backward}")
     so = build_library(args.build_dir)
-    print(f"our forward: {args.forward}")
 
     results, all_ok = [], True
     for B, H, KV, T, D in SHAPES:
         print(f"(B, H, KV, T, D) = ({B}, {H}, {KV}, {T}, {D})")
-        tflops, ok = run_shape(so, B, H, KV, T, D, args.iters, args.forward, args.backward)
+        tflops, ok = run_shape(so, B, H, KV, T, D, args.iters, args.backward)
         all_ok &= ok
         results.append(((B, H, KV, T, D), tflops))
 
