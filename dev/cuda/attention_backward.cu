@@ -90,7 +90,16 @@
 //       query tile, column half): spin on an acquire load, read-add-write, threadfence, release add; key tile 0
 //       stores without reading, the diagonal key tile writes bf16 dq straight into dqkv). Deterministic: fixed order,
 //       fixed partials. 5 matmuls per score tile instead of 7; the exponentials once. Registers: 201 (hd 64) / 250
-//       (hd 128), no spills; smem 97.5 / 178.5 KiB. Measured: not yet measured.
+//       (hd 128), no spills; smem 97.5 / 178.5 KiB. Correct on every validation shape and bit-for-bit
+//       deterministic, but slow. Measured on an NVIDIA H100 (v5 in the same run: 217 / 338 / 358):
+//         (4, 2048, 32, 8, 64):   88 TFLOP/s
+//         (2, 4096, 32, 8, 128): 121 TFLOP/s
+//         (1, 8192, 32, 8, 128): 126 TFLOP/s
+//       Why: each item's ordered add (the spin on the counter, a latency-bound read-add-write of 16-32 KiB through L2,
+//       the fence and the release) runs on the consumer warpgroups between their matmuls, and the next key tile's
+//       CTA waits for it, so its latency (microseconds) is paid once per item on the critical path, where an item's
+//       five matmuls take about 2-3 us. The next step (FA3's): stage the fp32 partial in smem and let a separate
+//       writer warp do the ordered adds while the consumers go on with the next item (v7).
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py (--backward v6 for this version).
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
