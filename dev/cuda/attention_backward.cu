@@ -99,7 +99,12 @@
 //       the fence and the release) runs on the consumer warpgroups between their matmuls, and the next key tile's
 //       CTA waits for it, so its latency (microseconds) is paid once per item on the critical path, where an item's
 //       five matmuls take about 2-3 us. The next step (FA3's): stage the fp32 partial in smem and let a separate
-//       writer warp do the ordered adds while the consumers go on with the next item (v7).
+//       writer warp do the ordered adds while the consumers go on with the next item.
+//   Tried after v6, not in the tree (branch bwd7): that writer (3 warpgroups, setmaxnreg 240 / 24; consumers stage
+//       the fp32 partial in smem and arrive on an mbarrier, a writer warpgroup does the ordered adds as TMA bulk fp32
+//       reduce-adds). On an H100 it validated on the shapes with one key tile (T = 13, 100) and hung at T = 257 (three
+//       key tiles: the first shape where CTAs wait on each other), so the hand-off between the writer's counter
+//       wait and the consumers' mbarriers needs another look before it can be timed.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py (--backward v6 for this version).
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
