@@ -246,9 +246,9 @@ __host__ __device__ constexpr size_t attention_forward_wgmma_smem_bytes() {
 // The consumer's turn on tile k0: causal mask (diagonal tile only), online softmax update of m, l, then P (bf16 A
 // fragments); alpha: the factor the running O must be scaled by before P V is added.
 __device__ __forceinline__ void attention_forward_wgmma_softmax(float (&s)[WGMMA_FWD_KEYS / 2],
-                                                                uint32_t (&p)[WGMMA_FWD_KEYS / 16][4],
-                                                   float (&m)[2], float (&l)[2], float (&alpha)[2], int k0, int qwg,
-                                                   int row0, int c, float scale_log2) {
+                                                                uint32_t (&p)[WGMMA_FWD_KEYS / 16][4], float (&m)[2],
+                                                                float (&l)[2], float (&alpha)[2], int k0, int qwg,
+                                                                int row0, int c, float scale_log2) {
     // diagonal: some key is after some query of the warpgroup (keys >= T included)
     if (k0 + WGMMA_FWD_KEYS - 1 > qwg) {
 #pragma unroll
