@@ -105,17 +105,43 @@
 //       reduce-adds). On an H100 it validated on the shapes with one key tile (T = 13, 100) and hung at T = 257 (three
 //       key tiles: the first shape where CTAs wait on each other), so the hand-off between the writer's counter
 //       wait and the consumers' mbarriers needs another look before it can be timed.
+//   What bounds a one-pass backward (measured on an NVIDIA H100, same session as v5 at 216 / 337 / 345 TFLOP/s):
+//       v6 built with -DV6_DQ_MODE=1 (the dQ partials computed but never added anywhere; results wrong, timing only):
+//       305 / 562 / 598 TFLOP/s, so the one-pass work itself (S, dP and the exponentials once, 5 matmuls per score
+//       tile) runs 1.4-1.7x faster than v5. With -DV6_DQ_MODE=2 (each thread adds its partial into the fp32
+//       accumulator with float2 atomics, unordered, not deterministic): 219 / 298 / 322. The dQ partials are the
+//       cost: one 64-query x hd fp32 partial per (item, 128-key tile), 4.4 GB at (1, 8192, 32, 8, 128), which L2 adds
+//       at about 1.0-1.4 TB/s whichever way they arrive (atomics, or bulk reduce-adds below).
+//   v7: attention_backward_v7 (attention_backward_v7.cuh, its header has the design and the bound): v6 with dQ in
+//       fixed point. Each row's partials are scaled by a power of two from a bound on |dq_i| (2 |do_i| max|v|_2
+//       max|k|_inf, times 2) and rounded to integers, which L2 adds with one TMA bulk reduce-add per (item, warpgroup)
+//       into a tile-ordered accumulator; integer addition is associative, so the result is bit-exact in any order and
+//       no CTA waits for another. The last contributor to a tile (a counter per tile) converts it to bf16 dq and
+//       zeroes it, so the scratch is left zeroed. Correct on every validation shape, bit-for-bit deterministic,
+//       compute-sanitizer memcheck clean; but slower than v5. Measured on an NVIDIA H100 (v5 in the same run: 219 /
+//       341 / 349):
+//         int64 accumulator (the default; hd 128 with 2 Q / dO stages for smem): 126 / 169 / 188 TFLOP/s
+//         int32 accumulator (-DV7_ACC=int -DV7_STAGES_128=3; 2^-29 of the bound per partial): 152 / 251 / 278
+//       With -DV7_EXPERIMENT=1 (no completion wait, no conversion; results wrong, timing only): int64 181 / 203 /
+//       224, int32 214 / 324 / 357. So even with nothing waiting, the L2 reduce traffic (8.7 GB int64, 4.4 GB int32
+//       at the largest shape) holds a one-pass backward at or below v5 on an H100. The next step: halve that traffic
+//       before it reaches L2, by pairing the CTAs of key tiles 2m and 2m + 1 in a cluster (they walk the same query
+//       items) and adding one partial into the other's shared memory (DSMEM bulk reduce-add, exact in integers), so
+//       one global reduce goes out per pair; or find what cuDNN does.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py (--backward v6 for this version).
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
 // Run:   ./attention_backward [version]     (no argument: every version; the fp32 build has only v1)
 //        ./attention_backward 6 check       (validation only, no timing: for compute-sanitizer)
+//        ./attention_backward 7 time [i]    (timing only, every timing shape or shape i: for ncu)
+//        ./attention_backward 5 time [i]    (timing only, every timing shape or shape i: for ncu)
 //        ./attention_backward sweep         (bf16: other tile configurations, spot-validated and timed)
 #include "common.h"
 
 #include "../../llmc/attention.cuh"
 #include "../../llmc/ptx.cuh"
 #include "attention_backward_v6.cuh"
+#include "attention_backward_v7.cuh"
 #include "attention_shapes.h"
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1125,6 +1151,27 @@ static void* v6_scratch(size_t bytes) {
 }
 #endif
 
+#if !defined(ENABLE_FP32)
+// v7's scratch: one device buffer, grown on demand, zeroed whenever the shape changes (its layout depends on the
+// shape, and only the accumulator and counters are left zeroed by a call); reruns of one shape reuse it as left.
+static void* v7_scratch(int B, int T, int H, int hd) {
+    static void* buf = nullptr;
+    static size_t cap = 0;
+    static int last[4] = {0, 0, 0, 0};
+    const size_t bytes = attention_backward_v7_scratch_bytes<V7Acc>(B, T, H, hd);
+    if (bytes > cap) {
+        if (buf != nullptr) cudaCheck(cudaFree(buf));
+        cudaCheck(cudaMalloc(&buf, bytes));
+        cap = bytes;
+    }
+    if (last[0] != B || last[1] != T || last[2] != H || last[3] != hd) {
+        cudaCheck(cudaMemset(buf, 0, bytes));
+        last[0] = B, last[1] = T, last[2] = H, last[3] = hd;
+    }
+    return buf;
+}
+#endif
+
 static void attention_backward_gpu(int version, floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
                                    const floatX* out, const float* lse, int B, int T, int H, int KV, int hd) {
     switch (version) {
@@ -1142,6 +1189,9 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
         case 5: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
         case 6: attention_backward_v6(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd,
                                       v6_scratch(attention_backward_v6_scratch_bytes(B, T, H, hd)), 0);
+            break;
+        case 7: attention_backward_v7(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd,
+                                      v7_scratch(B, T, H, hd), 0);
             break;
         // Tuning candidates (./attention_backward sweep): not versions of their own.
         case 101:  // hd 64: dQ with 32 keys per tile
@@ -1181,7 +1231,7 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
 #if defined(ENABLE_FP32)
 static const int VERSIONS[] = {1};
 #else
-static const int VERSIONS[] = {1, 2, 3, 4, 5, 6};
+static const int VERSIONS[] = {1, 2, 3, 4, 5, 6, 7};
 #endif
 
 // v6 must not depend on its scratch's contents (the dQ accumulator is never zeroed, the counters are zeroed by v6):
@@ -1295,6 +1345,22 @@ int main(int argc, char** argv) {
         return 1;
     }
 
+    // `time [shape]`: timing only (for profilers), all timing shapes or the one with that index
+    const bool time_only = argc > 2 && strcmp(argv[2], "time") == 0;
+    if (time_only) {
+        const int n_shapes = (int)(sizeof(ATTENTION_TIMING_SHAPES) / sizeof(ATTENTION_TIMING_SHAPES[0]));
+        const int only = argc > 3 ? atoi(argv[3]) : -1;
+        if (only >= n_shapes) {
+            fprintf(stderr, "shape index %d out of range (0..%d)\n", only, n_shapes - 1);
+            return 1;
+        }
+        for (int version : versions) {
+            for (int i = 0; i < n_shapes; i++) {
+                if (only < 0 || i == only) time_shape(version, ATTENTION_TIMING_SHAPES[i]);
+            }
+        }
+        return finish(argv[0]);
+    }
     for (int version : versions) {
         printf("attention_backward version %d (%s): validation\n", version, PRECISION_NAME);
 #if !defined(ENABLE_FP32)

@@ -43,7 +43,13 @@
 #if !defined(ENABLE_FP32)
 
 constexpr int V6_QUERIES = 64;  // queries per item, and the query tiles of the dQ order
-constexpr int V6_STAGES = 3;    // Q / dO stages (every wgmma of an item is waited for within it)
+constexpr int V6_STAGES = 3;
+// Timing experiments (attention_backward.cu's header has the numbers): -DV6_DQ_MODE=1 computes the dQ partials but
+// adds them nowhere (the one-pass work's own speed), =2 adds them unordered with float2 atomics. Both give wrong or
+// non-deterministic dq: timing only.
+#ifndef V6_DQ_MODE
+#define V6_DQ_MODE 0
+#endif    // Q / dO stages (every wgmma of an item is waited for within it)
 
 // Bytes of caller scratch attention_backward_v6 needs: the fp32 dQ accumulator, then the counters.
 inline size_t attention_backward_v6_acc_bytes(int B, int T, int H, int hd) {
@@ -290,7 +296,24 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
             backward_onepass_dq<64 / 16>(dq, ds_sm, k_sm + k_cols);
         }
 
+#if V6_DQ_MODE == 1  // experiment: no dQ accumulation (the ceiling of this kernel's structure)
+        (void)accumulate;
+#elif V6_DQ_MODE == 2  // experiment: unordered fp32 float2 atomics (not deterministic)
+        {
+            float* acc = dq_acc + ((size_t)b * H + h) * T * HD + HALF * wg;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int q = q0 + 16 * warp + g + 8 * r;
+                if (q >= T) continue;
+#pragma unroll
+                for (int jn = 0; jn < HALF / 8; jn++)
+                    atomicAdd(reinterpret_cast<float2*>(acc + (size_t)q * HD + 8 * jn + c),
+                              make_float2(dq[4 * jn + 2 * r], dq[4 * jn + 2 * r + 1]));
+            }
+        }
+#else
         accumulate(h, q0);
+#endif
     }
 
     // Both warpgroups' dQ wgmmas (which read all 128 rows of K) are done before K's rows are reused for staging.
