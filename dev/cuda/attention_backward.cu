@@ -124,10 +124,25 @@
 //         int32 accumulator (-DV7_ACC=int -DV7_STAGES_128=3; 2^-29 of the bound per partial): 152 / 251 / 278
 //       With -DV7_EXPERIMENT=1 (no completion wait, no conversion; results wrong, timing only): int64 181 / 203 /
 //       224, int32 214 / 324 / 357. So even with nothing waiting, the L2 reduce traffic (8.7 GB int64, 4.4 GB int32
-//       at the largest shape) holds a one-pass backward at or below v5 on an H100. The next step: halve that traffic
-//       before it reaches L2, by pairing the CTAs of key tiles 2m and 2m + 1 in a cluster (they walk the same query
-//       items) and adding one partial into the other's shared memory (DSMEM bulk reduce-add, exact in integers), so
-//       one global reduce goes out per pair; or find what cuDNN does.
+//       at the largest shape) holds a one-pass backward at or below v5 on an H100. Next: halve that traffic.
+//   v8: attention_backward_v8 (attention_backward_v8.cuh): v7 with the CTAs of key tiles 2m and 2m + 1 as a cluster
+//       (1, 2, 1) walking the same items; on each common item one rank reads the other's fixed-point partial through
+//       DSMEM, adds it (exact) and sends one bulk reduce for the pair (half the L2 traffic: 2.2 GB int32 at the
+//       largest shape). int32 accumulator (int64 does not fit in smem beside the send tiles at hd 128). Correct and
+//       bit-for-bit deterministic on every validation shape; slower still. Measured on an NVIDIA H100 (v5 219 / 338 /
+//       347 in the same runs):
+//         one cluster barrier per item (barrier.cluster arrive + wait):                104 / 152 / 164 TFLOP/s
+//         split barrier (the sending rank never waits) + the counter's atomic and the bulk completion deferred to the
+//         sum after next:                                                               108 / 154 / 166
+//       Timing-only builds (-DV8_EXPERIMENT, first version; results wrong): no per-item barrier 141 / 232 / 260;
+//       neither barrier nor DSMEM reads 157 / 272 / 307. The pair's coupling is what costs: the adding rank has to
+//       wait for its partner to finish the same item, every item, so the two SMs run in lockstep plus the barrier's
+//       latency; and even with no coupling the per-item accumulation work stays above what the one pass saves.
+//   Where this leaves the backward (H100): the one-pass work runs at 305 / 562 / 598 TFLOP/s with nothing added,
+//   and every deterministic way of adding the dQ partials tried so far (ordered fp32 v6, fixed point through L2 v7,
+//   pairs through DSMEM v8) loses more than the one pass saves, so the trainer keeps v5's two kernels. A one-pass
+//   design that wins would need the adds fully off the consumers' path (a producer / writer warpgroup with its own
+//   mbarrier ring and several items of slack, FA3's structure) and less traffic than one fp32 partial per 128 keys.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py (--backward v6 for this version).
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
@@ -142,6 +157,7 @@
 #include "../../llmc/ptx.cuh"
 #include "attention_backward_v6.cuh"
 #include "attention_backward_v7.cuh"
+#include "attention_backward_v8.cuh"
 #include "attention_shapes.h"
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1152,21 +1168,22 @@ static void* v6_scratch(size_t bytes) {
 #endif
 
 #if !defined(ENABLE_FP32)
-// v7's scratch: one device buffer, grown on demand, zeroed whenever the shape changes (its layout depends on the
-// shape, and only the accumulator and counters are left zeroed by a call); reruns of one shape reuse it as left.
-static void* v7_scratch(int B, int T, int H, int hd) {
+// v7's and v8's scratch: one device buffer, grown on demand, zeroed whenever the version or shape changes (its layout
+// depends on both, and only the accumulator and counters are left zeroed by a call); reruns reuse it as left.
+static void* v7_scratch(int version, int B, int T, int H, int hd) {
     static void* buf = nullptr;
     static size_t cap = 0;
-    static int last[4] = {0, 0, 0, 0};
-    const size_t bytes = attention_backward_v7_scratch_bytes<V7Acc>(B, T, H, hd);
+    static int last[5] = {0, 0, 0, 0, 0};
+    const size_t bytes = version == 7 ? attention_backward_v7_scratch_bytes<V7Acc>(B, T, H, hd)
+                                      : attention_backward_v8_scratch_bytes(B, T, H, hd);
     if (bytes > cap) {
         if (buf != nullptr) cudaCheck(cudaFree(buf));
         cudaCheck(cudaMalloc(&buf, bytes));
         cap = bytes;
     }
-    if (last[0] != B || last[1] != T || last[2] != H || last[3] != hd) {
+    if (last[0] != B || last[1] != T || last[2] != H || last[3] != hd || last[4] != version) {
         cudaCheck(cudaMemset(buf, 0, bytes));
-        last[0] = B, last[1] = T, last[2] = H, last[3] = hd;
+        last[0] = B, last[1] = T, last[2] = H, last[3] = hd, last[4] = version;
     }
     return buf;
 }
@@ -1191,7 +1208,10 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
                                       v6_scratch(attention_backward_v6_scratch_bytes(B, T, H, hd)), 0);
             break;
         case 7: attention_backward_v7(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd,
-                                      v7_scratch(B, T, H, hd), 0);
+                                      v7_scratch(7, B, T, H, hd), 0);
+            break;
+        case 8: attention_backward_v8(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd,
+                                      v7_scratch(8, B, T, H, hd), 0);
             break;
         // Tuning candidates (./attention_backward sweep): not versions of their own.
         case 101:  // hd 64: dQ with 32 keys per tile
@@ -1231,7 +1251,7 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
 #if defined(ENABLE_FP32)
 static const int VERSIONS[] = {1};
 #else
-static const int VERSIONS[] = {1, 2, 3, 4, 5, 6, 7};
+static const int VERSIONS[] = {1, 2, 3, 4, 5, 6, 7, 8};
 #endif
 
 // v6 must not depend on its scratch's contents (the dQ accumulator is never zeroed, the counters are zeroed by v6):
