@@ -138,6 +138,11 @@
 //       neither barrier nor DSMEM reads 157 / 272 / 307. The pair's coupling is what costs: the adding rank has to
 //       wait for its partner to finish the same item, every item, so the two SMs run in lockstep plus the barrier's
 //       latency; and even with no coupling the per-item accumulation work stays above what the one pass saves.
+//   v9: v5's two kernels with the dQ kernel launched on a second stream (event fork / join), so the tails of short
+//       causal CTAs of one kernel overlap the other's work; the outputs are disjoint, so the result is v5's. Measured
+//       on an NVIDIA H100, two alternating runs each: v5 0.792 / 0.799, 2.046 / 2.040, 3.889 / 3.823 ms; v9 0.778 /
+//       0.774, 2.027 / 2.030, 3.903 / 3.846 ms: 2-3% at hd 64, nothing at hd 128. Not taken into llmc (a side stream
+//       and two events per call in the trainer for 2% of 12% of the 1B step).
 //   Where this leaves the backward (H100): the one-pass work runs at 305 / 562 / 598 TFLOP/s with nothing added,
 //   and every deterministic way of adding the dQ partials tried so far (ordered fp32 v6, fixed point through L2 v7,
 //   pairs through DSMEM v8) loses more than the one pass saves, so the trainer keeps v5's two kernels. A one-pass
@@ -1189,6 +1194,54 @@ static void* v7_scratch(int version, int B, int T, int H, int hd) {
 }
 #endif
 
+#if !defined(ENABLE_FP32)
+// v9: v5's two kernels with the dQ kernel on a second stream (fork / join through events), so each kernel's tail of
+// short CTAs overlaps the other's work. Outputs are disjoint, so the result is v5's bit for bit.
+template <int HD>
+static void backward_two_streams_hd(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
+                                    const floatX* out, const float* lse, int B, int T, int H, int KV) {
+    static cudaStream_t side = nullptr;
+    static cudaEvent_t fork, join;
+    if (side == nullptr) {
+        cudaCheck(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+        cudaCheck(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    }
+    static bool dkdv_smem_set = false, dq_smem_set = false;
+    const size_t dkdv_smem = attention_backward_dkdv_wgmma_smem_bytes<HD>();
+    const size_t dq_smem = attention_backward_dq_wgmma_smem_bytes<HD>();
+    attention_set_smem(attention_backward_dkdv_wgmma_kernel<HD>, dkdv_smem, dkdv_smem_set);
+    attention_set_smem(attention_backward_dq_wgmma_kernel<HD>, dq_smem, dq_smem_set);
+    const cudaStream_t main_stream = 0;
+    attention_delta(delta, dout, out, B, T, H, HD, main_stream);
+    cudaCheck(cudaEventRecord(fork, main_stream));
+    cudaCheck(cudaStreamWaitEvent(side, fork, 0));
+    const float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * ATTN_LOG2E;
+    dim3 dq_grid(B * H, ceil_div(T, WGMMA_ROWS));
+    attention_backward_dq_wgmma_kernel<HD><<<dq_grid, WGMMA_THREADS, dq_smem, side>>>(dqkv, dout, qkv, lse, delta, T,
+                                                                                       H, KV, scale, scale_log2);
+    cudaCheckLaunch();
+    dim3 dkdv_grid(B * KV, ceil_div(T, WGMMA_ROWS));
+    attention_backward_dkdv_wgmma_kernel<HD><<<dkdv_grid, WGMMA_THREADS, dkdv_smem, main_stream>>>(
+        dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    cudaCheckLaunch();
+    cudaCheck(cudaEventRecord(join, side));
+    cudaCheck(cudaStreamWaitEvent(main_stream, join, 0));
+}
+static void backward_two_streams(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv, const floatX* out,
+                                 const float* lse, int B, int T, int H, int KV, int hd) {
+    if ((hd == 64 || hd == 128) && attention_wgmma_usable()) {
+        if (hd == 64) {
+            backward_two_streams_hd<64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV);
+        } else {
+            backward_two_streams_hd<128>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV);
+        }
+        return;
+    }
+    attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
+}
+#endif
+
 static void attention_backward_gpu(int version, floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
                                    const floatX* out, const float* lse, int B, int T, int H, int KV, int hd) {
     switch (version) {
@@ -1213,6 +1266,7 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
         case 8: attention_backward_v8(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd,
                                       v7_scratch(8, B, T, H, hd), 0);
             break;
+        case 9: backward_two_streams(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd); break;
         // Tuning candidates (./attention_backward sweep): not versions of their own.
         case 101:  // hd 64: dQ with 32 keys per tile
             backward_tc_config<2, 32, 1, 64, 2, 32, 1, 64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
@@ -1251,7 +1305,7 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
 #if defined(ENABLE_FP32)
 static const int VERSIONS[] = {1};
 #else
-static const int VERSIONS[] = {1, 2, 3, 4, 5, 6, 7, 8};
+static const int VERSIONS[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 #endif
 
 // v6 must not depend on its scratch's contents (the dQ accumulator is never zeroed, the counters are zeroed by v6):
