@@ -140,6 +140,81 @@ __device__ __forceinline__ void backward_onepass_accumulate(const float (&dq)[HD
     if (threadIdx.x % 128 == 0) red_release_gpu_add(counter, 1);  // last: only counts (nobody waits)
 }
 
+// One item of the one-pass kernels (v6, v7, v8) for an active warpgroup: S^T = K Q^T and dP^T = V dO^T (one commit
+// group each), P^T, dV += P^T dO, dS^T = P^T o (dP^T - D), dK += dS^T Q, and the warpgroup's rows of dS^T (bf16)
+// into the swizzled (128 keys x BQ queries) tile at ds_ptr; every wgmma waited for. kwg: the warpgroup's first key;
+// lse_t, D_t: the item's BQ queries' lse and D.
+template <int HD, int BQ>
+__device__ __forceinline__ void backward_onepass_item(float (&dk)[HD / 2], float (&dv)[HD / 2], uint32_t k_sm,
+                                                      uint32_t v_sm, uint32_t q_st, uint32_t do_st, uint8_t* ds_ptr,
+                                                      const float* lse_t, const float* D_t, int kwg, int q0, int T,
+                                                      float scale_log2) {
+    constexpr int ROWS = WGMMA_ROWS;
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, c = 2 * (lane % 4);
+    const int key0 = kwg + 16 * warp + g;  // this thread's keys: key0 and key0 + 8
+    float s[BQ / 2], dp[BQ / 2];
+    wgmma_fence();
+    wgmma_scores_ss<HD, ROWS, BQ>(s, k_sm, q_st, wg);
+    wgmma_scores_ss<HD, ROWS, BQ>(dp, v_sm, do_st, wg);
+    // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2.
+    wgmma_wait_group<1>();
+    pin_registers(s);
+    const bool need_mask = kwg + 63 > q0 || q0 + BQ > T;
+#pragma unroll
+    for (int i = 0; i < BQ / 2; i++) {
+        const int qi = 8 * (i / 4) + c + i % 2;
+        float p = exp2f(fmaf(s[i], scale_log2, -lse_t[qi] * ATTN_LOG2E));
+        if (need_mask) {
+            const int q = q0 + qi, key = key0 + 8 * ((i / 2) % 2);
+            if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
+        }
+        s[i] = p;
+    }
+    // dV += P^T dO: B = the dO tile, MN-major; its k16 slice kk (queries 16 kk ..) starts at row 16 kk.
+    uint32_t pa[BQ / 16][4];
+    wgmma_acc_to_a<BQ>(pa, s);
+    pin_registers(pa);
+    pin_registers(dv);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++)
+        wgmma_bf16_rs(dv, pa[kk], wgmma_desc_sw128(do_st + 2048 * kk, BQ * 128, 1024), 1);
+    wgmma_commit_group();
+
+    // dS^T (dP^T is done once only the dV group may be outstanding); dK += dS^T Q; dS^T into smem.
+    wgmma_wait_group<1>();
+    pin_registers(dp);
+#pragma unroll
+    for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
+    uint32_t dsa[BQ / 16][4];
+    wgmma_acc_to_a<BQ>(dsa, dp);
+    pin_registers(dsa);
+    pin_registers(dk);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++)
+        wgmma_bf16_rs(dk, dsa[kk], wgmma_desc_sw128(q_st + 2048 * kk, BQ * 128, 1024), 1);
+    wgmma_commit_group();
+    // Fragment kk holds rows (keys) g, g + 8 of the warp's slice, queries 16 kk + c (chunk 2 kk) and
+    // 16 kk + 8 + c (chunk 2 kk + 1): the same 32-bit stores as wgmma_store_rows, conflict-free.
+    const int lr = 64 * wg + 16 * warp + g;
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) {
+        *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr, 2 * kk) + 2 * c) = dsa[kk][0];
+        *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr + 8, 2 * kk) + 2 * c) = dsa[kk][1];
+        *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr, 2 * kk + 1) + 2 * c) = dsa[kk][2];
+        *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr + 8, 2 * kk + 1) + 2 * c) =
+            dsa[kk][3];
+    }
+    fence_proxy_async_shared();  // the dS^T stores -> visible to wgmma
+    wgmma_wait_group<0>();       // dV, dK done (dK read dsa's registers)
+    pin_registers(dsa);
+    pin_registers(dk);
+    pin_registers(pa);
+    pin_registers(dv);
+}
+
 // dK, dV of one (b, kv head, tile of 128 keys) and its keys' ordered dQ contributions. grid (B * KV, ceil(T / 128)),
 // block 256. dq_acc: (B, H, T, HD) fp32; dq_counters: (B, H, ceil(T / 64), 2), zero at launch.
 template <int HD>
@@ -163,12 +238,10 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
     float* lse_s = reinterpret_cast<float*>(smem_ptr + 2 * KBYTES + 2 * S * QBYTES + DSBYTES);  // S stages x BQ
     float* D_s = lse_s + S * BQ;                                                                // S stages x BQ
 
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int g = lane / 4, c = 2 * (lane % 4);
+    const int wg = threadIdx.x / 128;
     const int b = blockIdx.x / KV, kvh = blockIdx.x % KV, group = H / KV;
     const int j = blockIdx.y, k0 = j * ROWS;  // key tile j: launched after every CTA of key tiles < j
     const int kwg = k0 + 64 * wg;             // the warpgroup's first key
-    const int key0 = kwg + 16 * warp + g;     // this thread's keys: key0 and key0 + 8
     const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
 
     // Items: (query tile from the last down to the diagonal (k0 is a multiple of BQ), query head of the group), so
@@ -216,73 +289,9 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         const uint32_t q_st = q_sm + stage * QBYTES, do_st = do_sm + stage * QBYTES;
         const bool upper_active = q0 + BQ - 1 >= k0 + 64;  // warpgroup 1 has a key at or before the last query
         const bool active = wg == 0 || upper_active;
-        // S^T = K Q^T and dP^T = V dO^T, one commit group each.
-        float s[BQ / 2], dp[BQ / 2];
         if (active) {
-            wgmma_fence();
-            wgmma_scores_ss<HD, ROWS, BQ>(s, k_sm, q_st, wg);
-            wgmma_scores_ss<HD, ROWS, BQ>(dp, v_sm, do_st, wg);
-        }
-        if (active) {
-            const float* lse_t = lse_s + stage * BQ;
-            const float* D_t = D_s + stage * BQ;
-            // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2.
-            wgmma_wait_group<1>();
-            pin_registers(s);
-            const bool need_mask = kwg + 63 > q0 || q0 + BQ > T;
-#pragma unroll
-            for (int i = 0; i < BQ / 2; i++) {
-                const int qi = 8 * (i / 4) + c + i % 2;
-                float p = exp2f(fmaf(s[i], scale_log2, -lse_t[qi] * ATTN_LOG2E));
-                if (need_mask) {
-                    const int q = q0 + qi, key = key0 + 8 * ((i / 2) % 2);
-                    if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
-                }
-                s[i] = p;
-            }
-            // dV += P^T dO: B = the dO tile, MN-major; its k16 slice kk (queries 16 kk ..) starts at row 16 kk.
-            uint32_t pa[BQ / 16][4];
-            wgmma_acc_to_a<BQ>(pa, s);
-            pin_registers(pa);
-            pin_registers(dv);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++)
-                wgmma_bf16_rs(dv, pa[kk], wgmma_desc_sw128(do_st + 2048 * kk, BQ * 128, 1024), 1);
-            wgmma_commit_group();
-
-            // dS^T (dP^T is done once only the dV group may be outstanding); dK += dS^T Q; dS^T into smem.
-            wgmma_wait_group<1>();
-            pin_registers(dp);
-#pragma unroll
-            for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
-            uint32_t dsa[BQ / 16][4];
-            wgmma_acc_to_a<BQ>(dsa, dp);
-            pin_registers(dsa);
-            pin_registers(dk);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++)
-                wgmma_bf16_rs(dk, dsa[kk], wgmma_desc_sw128(q_st + 2048 * kk, BQ * 128, 1024), 1);
-            wgmma_commit_group();
-            // Fragment kk holds rows (keys) g, g + 8 of the warp's slice, queries 16 kk + c (chunk 2 kk) and
-            // 16 kk + 8 + c (chunk 2 kk + 1): the same 32-bit stores as wgmma_store_rows, conflict-free.
-            uint8_t* ds_ptr = smem_ptr + (ds_sm - smem);
-            const int lr = 64 * wg + 16 * warp + g;
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) {
-                *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr, 2 * kk) + 2 * c) = dsa[kk][0];
-                *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr + 8, 2 * kk) + 2 * c) = dsa[kk][1];
-                *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr, 2 * kk + 1) + 2 * c) = dsa[kk][2];
-                *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr + 8, 2 * kk + 1) + 2 * c) =
-                    dsa[kk][3];
-            }
-            fence_proxy_async_shared();  // the dS^T stores -> visible to wgmma
-            wgmma_wait_group<0>();       // dV, dK done (dK read dsa's registers)
-            pin_registers(dsa);
-            pin_registers(dk);
-            pin_registers(pa);
-            pin_registers(dv);
+            backward_onepass_item<HD, BQ>(dk, dv, k_sm, v_sm, q_st, do_st, smem_ptr + (ds_sm - smem),
+                                          lse_s + stage * BQ, D_s + stage * BQ, kwg, q0, T, scale_log2);
         }
         __syncthreads();  // both warpgroups' dS^T rows are in the tile
 
@@ -300,6 +309,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         (void)accumulate;
 #elif V6_DQ_MODE == 2  // experiment: unordered fp32 float2 atomics (not deterministic)
         {
+            const int warp = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, c = 2 * (threadIdx.x % 4);
             float* acc = dq_acc + ((size_t)b * H + h) * T * HD + HALF * wg;
 #pragma unroll
             for (int r = 0; r < 2; r++) {

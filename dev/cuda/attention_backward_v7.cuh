@@ -51,6 +51,7 @@
 
 #include "../../llmc/attention.cuh"
 #include "../../llmc/ptx.cuh"
+#include "attention_backward_v6.cuh"
 
 #if !defined(ENABLE_FP32)
 
@@ -185,21 +186,6 @@ __global__ void attention_v7_delta_kernel(float* delta, float* row_mult, const f
     }
 }
 
-// dQ partial (64 queries x N) = dS K over the first KK k16 slices of keys, as v6: ds_tile = dS^T (128 keys x 64
-// queries) read MN-major, k_tile = the K tile at the warpgroup's first column, MN-major. Waited for.
-template <int KK, int N>
-__device__ __forceinline__ void backward_onepass_dq_v7(float (&dq)[N], uint32_t ds_tile, uint32_t k_tile) {
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KK; kk++) {
-        wgmma_bf16_ss_t<1, 1>(dq, wgmma_desc_sw128(ds_tile + 2048 * kk, WGMMA_ROWS * 128, 1024),
-                              wgmma_desc_sw128(k_tile + 2048 * kk, WGMMA_ROWS * 128, 1024), kk > 0);
-    }
-    wgmma_commit_group();
-    wgmma_wait_group<0>();
-    pin_registers(dq);
-}
-
 template <int HD, int STAGES, typename ACC>
 constexpr size_t backward_v7_smem_bytes() {
     constexpr int BQ = V7_QUERIES;
@@ -265,12 +251,10 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
     float* D_s = lse_s + S * BQ;                                                             // S stages x BQ
     int* last_s = reinterpret_cast<int*>(D_s + S * BQ);                                      // per warpgroup
 
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int g = lane / 4, c = 2 * (lane % 4);
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4;
     const int b = blockIdx.x / KV, kvh = blockIdx.x % KV, group = H / KV;
     const int j = blockIdx.y, k0 = j * ROWS;
     const int kwg = k0 + 64 * wg;          // the warpgroup's first key
-    const int key0 = kwg + 16 * warp + g;  // this thread's keys: key0 and key0 + 8
     const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
 
     // Items: (query tile from the last down to the diagonal, query head of the group), as v6 (no order needed here).
@@ -351,74 +335,16 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
             const int q = q0 + 16 * warp + g + 8 * r;
             mult[r] = q < T ? row_mult[((size_t)b * H + h) * T + q] : 0.0f;
         }
-        float s[BQ / 2], dp[BQ / 2];
         if (active) {
-            wgmma_fence();
-            wgmma_scores_ss<HD, ROWS, BQ>(s, k_sm, q_st, wg);
-            wgmma_scores_ss<HD, ROWS, BQ>(dp, v_sm, do_st, wg);
-        }
-        if (active) {
-            const float* lse_t = lse_s + stage * BQ;
-            const float* D_t = D_s + stage * BQ;
-            wgmma_wait_group<1>();
-            pin_registers(s);
-            const bool need_mask = kwg + 63 > q0 || q0 + BQ > T;
-#pragma unroll
-            for (int i = 0; i < BQ / 2; i++) {
-                const int qi = 8 * (i / 4) + c + i % 2;
-                float p = exp2f(fmaf(s[i], scale_log2, -lse_t[qi] * ATTN_LOG2E));
-                if (need_mask) {
-                    const int q = q0 + qi, key = key0 + 8 * ((i / 2) % 2);
-                    if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
-                }
-                s[i] = p;
-            }
-            uint32_t pa[BQ / 16][4];
-            wgmma_acc_to_a<BQ>(pa, s);
-            pin_registers(pa);
-            pin_registers(dv);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++)
-                wgmma_bf16_rs(dv, pa[kk], wgmma_desc_sw128(do_st + 2048 * kk, BQ * 128, 1024), 1);
-            wgmma_commit_group();
-
-            wgmma_wait_group<1>();
-            pin_registers(dp);
-#pragma unroll
-            for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
-            uint32_t dsa[BQ / 16][4];
-            wgmma_acc_to_a<BQ>(dsa, dp);
-            pin_registers(dsa);
-            pin_registers(dk);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++)
-                wgmma_bf16_rs(dk, dsa[kk], wgmma_desc_sw128(q_st + 2048 * kk, BQ * 128, 1024), 1);
-            wgmma_commit_group();
-            uint8_t* ds_ptr = smem_ptr + (ds_sm - smem);
-            const int lr = 64 * wg + 16 * warp + g;
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) {
-                *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr, 2 * kk) + 2 * c) = dsa[kk][0];
-                *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr + 8, 2 * kk) + 2 * c) = dsa[kk][1];
-                *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr, 2 * kk + 1) + 2 * c) = dsa[kk][2];
-                *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr + 8, 2 * kk + 1) + 2 * c) =
-                    dsa[kk][3];
-            }
-            fence_proxy_async_shared();
-            wgmma_wait_group<0>();
-            pin_registers(dsa);
-            pin_registers(dk);
-            pin_registers(pa);
-            pin_registers(dv);
+            backward_onepass_item<HD, BQ>(dk, dv, k_sm, v_sm, q_st, do_st, smem_ptr + (ds_sm - smem),
+                                          lse_s + stage * BQ, D_s + stage * BQ, kwg, q0, T, scale_log2);
         }
         __syncthreads();  // both warpgroups' dS^T rows are in the tile
 
         if (upper_active) {
-            backward_onepass_dq_v7<ROWS / 16>(dq, ds_sm, k_sm + k_cols);
+            backward_onepass_dq<ROWS / 16>(dq, ds_sm, k_sm + k_cols);
         } else {
-            backward_onepass_dq_v7<64 / 16>(dq, ds_sm, k_sm + k_cols);
+            backward_onepass_dq<64 / 16>(dq, ds_sm, k_sm + k_cols);
         }
 
         // (a), (b): the previous item published (and converted, if this was its last contribution); staging free.
@@ -457,31 +383,48 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
 #endif
 }
 
+// v7's scratch, split into its parts (layout in the file comment).
+template <typename ACC>
+struct V7Scratch {
+    ACC* acc;
+    int* counters;
+    float* row_mult;
+};
+
+// The steps before the kernel (v7 and v8): Kmax and Vmax, then D and each row's multiplier.
+template <typename ACC>
+inline V7Scratch<ACC> backward_v7_prepare(float* delta, const floatX* dout, const floatX* qkv, const floatX* out,
+                                          int B, int T, int H, int KV, int hd, void* scratch, cudaStream_t stream) {
+    char* p = static_cast<char*>(scratch);
+    V7Scratch<ACC> sc;
+    sc.acc = reinterpret_cast<ACC*>(p);
+    p += attention_backward_v7_acc_bytes<ACC>(B, T, H, hd);
+    sc.counters = reinterpret_cast<int*>(p);
+    p += attention_backward_v7_counter_bytes(B, T, H);
+    sc.row_mult = reinterpret_cast<float*>(p);
+    p += attention_backward_v7_mult_bytes(B, T, H);
+    unsigned int* maxes = reinterpret_cast<unsigned int*>(p);
+    cudaCheck(cudaMemsetAsync(maxes, 0, 2 * sizeof(unsigned int), stream));
+    attention_v7_bounds_kernel<<<264, 256, 0, stream>>>(maxes, qkv, B, T, H, KV, hd);
+    cudaCheckLaunch();
+    const size_t rows = (size_t)B * H * T;
+    attention_v7_delta_kernel<ACC><<<(unsigned)ceil_div(rows, (size_t)8), 256, 0, stream>>>(delta, sc.row_mult, dout,
+                                                                                            out, maxes, B, T, H, hd);
+    cudaCheckLaunch();
+    return sc;
+}
+
 template <int HD, int STAGES, typename ACC>
 inline void backward_v7_launch(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv, const floatX* out,
                                const float* lse, int B, int T, int H, int KV, void* scratch, cudaStream_t stream) {
     static bool smem_set = false;
     const size_t smem = backward_v7_smem_bytes<HD, STAGES, ACC>();
     attention_set_smem(backward_v7_kernel<HD, STAGES, ACC>, smem, smem_set);
-    char* p = static_cast<char*>(scratch);
-    ACC* acc = reinterpret_cast<ACC*>(p);
-    p += attention_backward_v7_acc_bytes<ACC>(B, T, H, HD);
-    int* counters = reinterpret_cast<int*>(p);
-    p += attention_backward_v7_counter_bytes(B, T, H);
-    float* row_mult = reinterpret_cast<float*>(p);
-    p += attention_backward_v7_mult_bytes(B, T, H);
-    unsigned int* maxes = reinterpret_cast<unsigned int*>(p);
-    cudaCheck(cudaMemsetAsync(maxes, 0, 2 * sizeof(unsigned int), stream));
-    attention_v7_bounds_kernel<<<264, 256, 0, stream>>>(maxes, qkv, B, T, H, KV, HD);
-    cudaCheckLaunch();
-    const size_t rows = (size_t)B * H * T;
-    attention_v7_delta_kernel<ACC><<<(unsigned)ceil_div(rows, (size_t)8), 256, 0, stream>>>(delta, row_mult, dout, out,
-                                                                                            maxes, B, T, H, HD);
-    cudaCheckLaunch();
+    const V7Scratch<ACC> sc = backward_v7_prepare<ACC>(delta, dout, qkv, out, B, T, H, KV, HD, scratch, stream);
     const float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * ATTN_LOG2E;
     dim3 grid(B * KV, ceil_div(T, WGMMA_ROWS));
     backward_v7_kernel<HD, STAGES, ACC><<<grid, WGMMA_THREADS, smem, stream>>>(
-        dqkv, acc, counters, row_mult, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+        dqkv, sc.acc, sc.counters, sc.row_mult, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
     cudaCheckLaunch();
 }
 

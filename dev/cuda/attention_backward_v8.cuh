@@ -97,13 +97,11 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
     float* D_s = lse_s + S * BQ;                                                             // S stages x BQ
     int* last_s = reinterpret_cast<int*>(D_s + S * BQ);                                      // per warpgroup
 
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int g = lane / 4, c = 2 * (lane % 4);
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4;
     const int b = blockIdx.x / KV, kvh = blockIdx.x % KV, group = H / KV;
     const int j = blockIdx.y, k0 = j * ROWS, rank = j % 2;  // cluster rank (clusters along y)
     const int partner_k0 = (j ^ 1) * ROWS;
     const int kwg = k0 + 64 * wg;          // the warpgroup's first key
-    const int key0 = kwg + 16 * warp + g;  // this thread's keys: key0 and key0 + 8
     const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
 
     // Items: (query tile from the last down to the diagonal, query head of the group), as v6 (no order needed here).
@@ -192,74 +190,16 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
             const int q = q0 + 16 * warp + g + 8 * r;
             mult[r] = q < T ? row_mult[((size_t)b * H + h) * T + q] : 0.0f;
         }
-        float s[BQ / 2], dp[BQ / 2];
         if (active) {
-            wgmma_fence();
-            wgmma_scores_ss<HD, ROWS, BQ>(s, k_sm, q_st, wg);
-            wgmma_scores_ss<HD, ROWS, BQ>(dp, v_sm, do_st, wg);
-        }
-        if (active) {
-            const float* lse_t = lse_s + stage * BQ;
-            const float* D_t = D_s + stage * BQ;
-            wgmma_wait_group<1>();
-            pin_registers(s);
-            const bool need_mask = kwg + 63 > q0 || q0 + BQ > T;
-#pragma unroll
-            for (int i = 0; i < BQ / 2; i++) {
-                const int qi = 8 * (i / 4) + c + i % 2;
-                float p = exp2f(fmaf(s[i], scale_log2, -lse_t[qi] * ATTN_LOG2E));
-                if (need_mask) {
-                    const int q = q0 + qi, key = key0 + 8 * ((i / 2) % 2);
-                    if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
-                }
-                s[i] = p;
-            }
-            uint32_t pa[BQ / 16][4];
-            wgmma_acc_to_a<BQ>(pa, s);
-            pin_registers(pa);
-            pin_registers(dv);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++)
-                wgmma_bf16_rs(dv, pa[kk], wgmma_desc_sw128(do_st + 2048 * kk, BQ * 128, 1024), 1);
-            wgmma_commit_group();
-
-            wgmma_wait_group<1>();
-            pin_registers(dp);
-#pragma unroll
-            for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
-            uint32_t dsa[BQ / 16][4];
-            wgmma_acc_to_a<BQ>(dsa, dp);
-            pin_registers(dsa);
-            pin_registers(dk);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++)
-                wgmma_bf16_rs(dk, dsa[kk], wgmma_desc_sw128(q_st + 2048 * kk, BQ * 128, 1024), 1);
-            wgmma_commit_group();
-            uint8_t* ds_ptr = smem_ptr + (ds_sm - smem);
-            const int lr = 64 * wg + 16 * warp + g;
-#pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) {
-                *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr, 2 * kk) + 2 * c) = dsa[kk][0];
-                *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr + 8, 2 * kk) + 2 * c) = dsa[kk][1];
-                *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr, 2 * kk + 1) + 2 * c) = dsa[kk][2];
-                *reinterpret_cast<uint32_t*>(ds_ptr + swizzle128_offset<ROWS>(lr + 8, 2 * kk + 1) + 2 * c) =
-                    dsa[kk][3];
-            }
-            fence_proxy_async_shared();
-            wgmma_wait_group<0>();
-            pin_registers(dsa);
-            pin_registers(dk);
-            pin_registers(pa);
-            pin_registers(dv);
+            backward_onepass_item<HD, BQ>(dk, dv, k_sm, v_sm, q_st, do_st, smem_ptr + (ds_sm - smem),
+                                          lse_s + stage * BQ, D_s + stage * BQ, kwg, q0, T, scale_log2);
         }
         __syncthreads();  // both warpgroups' dS^T rows are in the tile
 
         if (upper_active) {
-            backward_onepass_dq_v7<ROWS / 16>(dq, ds_sm, k_sm + k_cols);
+            backward_onepass_dq<ROWS / 16>(dq, ds_sm, k_sm + k_cols);
         } else {
-            backward_onepass_dq_v7<64 / 16>(dq, ds_sm, k_sm + k_cols);
+            backward_onepass_dq<64 / 16>(dq, ds_sm, k_sm + k_cols);
         }
 
         // Pair exchange (common items): the non-adding rank leaves its partial in fixed point in its send tile (fragment
@@ -339,21 +279,7 @@ inline void backward_v8_launch(floatX* dqkv, float* delta, const floatX* dout, c
     static bool smem_set = false;
     const size_t smem = backward_v8_smem_bytes<HD, STAGES, ACC>();
     attention_set_smem(backward_v8_kernel<HD, STAGES, ACC>, smem, smem_set);
-    char* p = static_cast<char*>(scratch);
-    ACC* acc = reinterpret_cast<ACC*>(p);
-    p += attention_backward_v7_acc_bytes<ACC>(B, T, H, HD);
-    int* counters = reinterpret_cast<int*>(p);
-    p += attention_backward_v7_counter_bytes(B, T, H);
-    float* row_mult = reinterpret_cast<float*>(p);
-    p += attention_backward_v7_mult_bytes(B, T, H);
-    unsigned int* maxes = reinterpret_cast<unsigned int*>(p);
-    cudaCheck(cudaMemsetAsync(maxes, 0, 2 * sizeof(unsigned int), stream));
-    attention_v7_bounds_kernel<<<264, 256, 0, stream>>>(maxes, qkv, B, T, H, KV, HD);
-    cudaCheckLaunch();
-    const size_t rows = (size_t)B * H * T;
-    attention_v7_delta_kernel<ACC><<<(unsigned)ceil_div(rows, (size_t)8), 256, 0, stream>>>(delta, row_mult, dout, out,
-                                                                                            maxes, B, T, H, HD);
-    cudaCheckLaunch();
+    const V7Scratch<ACC> sc = backward_v7_prepare<ACC>(delta, dout, qkv, out, B, T, H, KV, HD, scratch, stream);
     const float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * ATTN_LOG2E;
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(B * KV, 2 * ceil_div(T, 2 * WGMMA_ROWS));
@@ -367,8 +293,8 @@ inline void backward_v8_launch(floatX* dqkv, float* delta, const floatX* dout, c
     attribute.val.clusterDim.z = 1;
     config.attrs = &attribute;
     config.numAttrs = 1;
-    cudaCheck(cudaLaunchKernelEx(&config, backward_v8_kernel<HD, STAGES, ACC>, dqkv, acc, counters,
-                                 (const float*)row_mult, (const __nv_bfloat16*)dout, (const __nv_bfloat16*)qkv, lse,
+    cudaCheck(cudaLaunchKernelEx(&config, backward_v8_kernel<HD, STAGES, ACC>, dqkv, sc.acc, sc.counters,
+                                 (const float*)sc.row_mult, (const __nv_bfloat16*)dout, (const __nv_bfloat16*)qkv, lse,
                                  (const float*)delta, T, H, KV, scale, scale_log2));
 }
 
