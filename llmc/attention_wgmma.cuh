@@ -33,38 +33,38 @@
 // smem: Q 128 x HD + STAGES x (K, V) 2 x 128 x HD bf16 + the barriers + 1 KiB to align (HD 128, 3 stages: 225 KiB;
 // HD 64, 6 stages: 209 KiB); registers: 168 at launch (384 x 168 = 128 x 24 + 256 x 240 after setmaxnreg).
 //
+// Backward. Two kernels (a dK/dV kernel per key tile and kv head, a dQ kernel per query tile and head, every output
+// element with one writer: deterministic, no atomics), warp-specialised as the forward is: 384 threads, warpgroup 0
+// the producer (setmaxnreg 24), warpgroups 1, 2 consumers of 64 rows each (240); the consumers never meet each other,
+// only the stage barriers. D = rowsum(dO o O) comes first from attention_delta (attention_common.cuh).
 //
-// Backward. Two kernels (a dK/dV kernel per key tile and kv head, a dQ kernel per
-// query tile and head, every output element with one writer: deterministic, no atomics), with wgmma in place of
-// mma.sync. D = rowsum(dO o O) comes first from attention_delta (attention_common.cuh).
-//
-// dK/dV: CTA = 128 keys x (kv head, batch) = 2 warpgroups of 64 keys (256 threads); K and V (128 x HD) stay in smem.
-// Work items are (query head of the group, query tile of BQ from the diagonal), in a fixed order; Q, dO tiles and
-// their lse, D stream through 4 cp.async stages, two items ahead. Per item and warpgroup (rows = its 64 keys,
-// columns = the BQ queries, all fp32 accumulators):
+// dK/dV: CTA = 128 keys x (kv head, batch). The producer loads K and V (128 x HD) once (kv_full), then for each work
+// item (query head of the group, query tile of BQ = 64 from the diagonal, in a fixed order) Q and dO by TMA (64-row
+// boxes) and, by 64 of its threads, the item's lse and D into smem (plain loads; an lse row need not be 16-byte
+// aligned); full[s] counts the TMA thread's arrive.expect_tx and those 64 arrivals, over 4 stages. Per item and
+// consumer warpgroup (rows = its 64 keys, columns = the BQ queries, all fp32 accumulators):
 //   S^T = K Q^T, dP^T = V dO^T        wgmma m64nBQk16, A and B from smem descriptors (both K-major), two groups
 //   P^T = exp2(S^T scale log2 e - lse log2 e), 0 where key > query or query >= T; bf16 A registers
 //   dV += P^T dO                      wgmma m64nHDk16, A from registers, B = dO tile MN-major ("transpose B")
 //   dS^T = P^T o (dP^T - D); bf16 A registers
-//   dK += dS^T Q                      wgmma m64nHDk16, as dV; left running into the next item, whose S^T wait
-//                                     covers it (hence the 4th stage: the item's Q tile stays untouched meanwhile)
-// dK times scale at the store. A warpgroup whose keys all follow the tile's queries skips the item.
-// Registers (HD 128, BQ 64): dK, dV 2 x 64 + S^T, dP^T 2 x 32 + P^T, dS^T 2 x 16 per thread (254 in all, no spill).
+//   dK += dS^T Q                      wgmma m64nHDk16, as dV; waited for before the item's stage is released
+//                                     (empty[s], 256 arrivals)
+// dK times scale at the store. A warpgroup whose keys all follow the item's queries skips it (after waiting for it
+// to be loaded, so that its release of a round never precedes the other warpgroup's release of the round before).
+// Letting dK run on into the next item (as the cp.async version did) makes ptxas serialise every wgmma of the kernel
+// here (C7515), which costs more than the overlap gave.
 //
-// dQ: CTA = 128 queries x (head, batch) = 2 warpgroups of 64 queries; Q and dO stay in smem; K, V tiles of BN keys
-// stream through 3 stages up to the causal diagonal. Per tile and warpgroup:
+// dQ: CTA = 128 queries x (head, batch). The producer loads Q and dO once (q_full), then K, V tiles of BN keys up to
+// the causal diagonal through 3 stages. Per tile and consumer warpgroup:
 //   S = Q K^T, dP = dO V^T            wgmma m64nBNk16; with AREG (the HD 128 choice) the warpgroup's Q and dO rows
 //                                     are held in registers as A fragments, so only K, V are read from smem
 //   P = exp2(S scale log2 e - lse log2 e), 0 where key > query; dS = P o (dP - D); bf16 A registers
 //   dQ += dS K                        wgmma m64nHDk16, B = K tile MN-major
 // dQ times scale at the store.
 // Both kernels stage their bf16 results through their own (dead) rows of the resident tiles for 16-byte stores.
-// The two warpgroups synchronise once per item / tile (__syncthreads, before a stage is refilled) and otherwise
-// drift, so one's exponentials overlap the other's matmuls; making them take turns (the forward's ping-pong) measured
-// slower here.
+// Against the cp.async version (every thread loading its share, one __syncthreads per item), measured on an H100
+// (dev/cuda/attention_backward.cu v5 -> v10): 216 -> 243, 337 -> 398, 340-352 -> 399-426 TFLOP/s.
 
-// Stores a warpgroup's 64 x HD fp32 accumulator (times mult) as bf16 to global rows r0 .. r0 + 63 (skipping rows
-// >= T; dst: row 0, column 0 of the head), staged through rows 64 wg .. 64 wg + 63 of a swizzled smem tile of R rows
 #pragma once
 
 #include <cmath>
@@ -80,17 +80,17 @@
 
 #if !defined(ENABLE_FP32)
 
-constexpr int WGMMA_THREADS = 256;    // 2 warpgroups
 constexpr int WGMMA_ROWS = 128;       // rows per CTA, 64 per warpgroup: queries (keys in the dK/dV kernel)
 constexpr int WGMMA_FWD_KEYS = 128;   // keys per K / V tile of the forward (= WGMMA_ROWS: a CTA's last tile is
                                       // its diagonal)
-constexpr int WGMMA_FWD_THREADS = 384;     // producer warpgroup + 2 consumer warpgroups
-constexpr int WGMMA_FWD_CONSUMERS = 256;   // consumer threads: the arrivals an empty barrier waits for
-constexpr int WGMMA_FWD_PRODUCER_REGS = 24, WGMMA_FWD_CONSUMER_REGS = 240;  // 128 x 24 + 256 x 240 = 384 x 168
-constexpr int WGMMA_FWD_REGS_NEEDED =  // after setmaxnreg
-    128 * WGMMA_FWD_PRODUCER_REGS + WGMMA_FWD_CONSUMERS * WGMMA_FWD_CONSUMER_REGS;
-static_assert(WGMMA_FWD_REGS_NEEDED <= 65536, "the register split exceeds the SM's register file");
-constexpr int WGMMA_DKDV_STAGES = 4;  // Q / dO stages of the dK/dV kernel (dK's wgmma may run into the next item)
+// Every kernel of this file is warp-specialised: a producer warpgroup (TMA loads) and 2 consumer warpgroups.
+constexpr int WGMMA_WS_THREADS = 384;   // producer warpgroup + 2 consumer warpgroups
+constexpr int WGMMA_CONSUMERS = 256;    // consumer threads: the arrivals an empty barrier waits for
+constexpr int WGMMA_PRODUCER_REGS = 24, WGMMA_CONSUMER_REGS = 240;  // 128 x 24 + 256 x 240 = 384 x 168
+// registers the split needs after setmaxnreg
+constexpr int WGMMA_REGS_NEEDED = 128 * WGMMA_PRODUCER_REGS + WGMMA_CONSUMERS * WGMMA_CONSUMER_REGS;
+static_assert(WGMMA_REGS_NEEDED <= 65536, "the register split exceeds the SM's register file");
+constexpr int WGMMA_DKDV_STAGES = 4;  // Q / dO stages of the dK/dV kernel
 constexpr int WGMMA_DKDV_QUERIES = 64;  // queries per dK/dV work item
 constexpr int WGMMA_DQ_STAGES = 3;    // K / V stages of the dQ kernel
 // Per head dim, the best measured on an H200 (dev/cuda/attention_backward.cu): keys per K / V tile of the dQ kernel,
@@ -101,35 +101,9 @@ __host__ __device__ constexpr bool wgmma_dq_q_in_registers(int hd) { return hd =
 // ----------------------------------------------------------------------------------------------------------------
 // Tile helpers
 
-// cp.async loads of rows [r0, r0 + R) of one head into a swizzled tile at shared address dst; rows >= T zero-filled
-// (source clamped to row 0, nothing read). src: row 0, column 0 of the head; rows row_stride elements apart.
-template <int HD, int R>
-__device__ __forceinline__ void wgmma_load_tile(uint32_t dst, const __nv_bfloat16* src, size_t row_stride, int r0,
-                                                int T) {
-    constexpr int CHUNKS = HD / 8;
-    static_assert((R * CHUNKS) % WGMMA_THREADS == 0, "tile must split evenly over the CTA");
-#pragma unroll
-    for (int i = 0; i < R * CHUNKS / WGMMA_THREADS; i++) {
-        const int idx = i * WGMMA_THREADS + threadIdx.x, r = idx / CHUNKS, ch = idx % CHUNKS;  // coalesced
-        const bool valid = r0 + r < T;
-        cp_async_16(dst + swizzle128_offset<R>(r, ch), src + (size_t)(valid ? r0 + r : 0) * row_stride + 8 * ch,
-                       valid ? 16 : 0);
-    }
-}
-
-// lse and delta of queries q0 .. q0 + BQ - 1 of one (b, h) row (`row`: its offset in the (B, H, T) arrays) into
-// lse_s, D_s (BQ floats each; zeros past T), asynchronously, by the CTA's first 2 BQ threads (one float each).
-template <int BQ>
-__device__ __forceinline__ void attention_load_row_stats(float* lse_s, float* D_s, const float* lse, const float* delta,
-                                                   size_t row, int q0, int T) {
-    if (threadIdx.x < 2 * BQ) {
-        const int i = threadIdx.x % BQ, q = q0 + i;
-        const float* src = threadIdx.x < BQ ? lse : delta;
-        float* dst = threadIdx.x < BQ ? lse_s : D_s;
-        cp_async_4(smem_addr(dst + i), src + row + (q < T ? q : 0), q < T ? 4 : 0);
-    }
-}
-
+// Stores a warpgroup's 64 x HD fp32 accumulator (times mult) as bf16 to global rows r0 .. r0 + 63 (skipping rows
+// >= T; dst: row 0, column 0 of the head), staged through rows 64 wg .. 64 wg + 63 of a swizzled smem tile of R rows
+// (wg: the consumer warpgroup's index, 0 or 1).
 template <int HD, int R>
 __device__ __forceinline__ void wgmma_store_rows(__nv_bfloat16* dst, size_t row_stride, uint8_t* stage,
                                                  const float (&acc)[HD / 2], float mult, int r0, int T, int wg) {
@@ -286,7 +260,7 @@ __device__ __forceinline__ void attention_forward_wgmma_pv(float (&o)[HD / 2],
 // grid (B * H, ceil(T / 128)), block 384. qkv_map: qkv as the 4-D tensor (hd, head, token, batch), box
 // (64, 1, 128, 1), 128-byte swizzle (attention_qkv_tensor_map).
 template <int HD, int STAGES, bool OVERLAP>
-__global__ void __launch_bounds__(WGMMA_FWD_THREADS, 1)
+__global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap qkv_map, __nv_bfloat16* out, float* lse, int T,
                                    int H, int KV, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma and setmaxnreg exist only in sm_90a code
@@ -312,14 +286,14 @@ __global__ void __launch_bounds__(WGMMA_FWD_THREADS, 1)
         mbarrier_init(q_full, 1);
         for (int s = 0; s < STAGES; s++) {
             mbarrier_init(full0 + 8 * s, 1);
-            mbarrier_init(empty0 + 8 * s, WGMMA_FWD_CONSUMERS);
+            mbarrier_init(empty0 + 8 * s, WGMMA_CONSUMERS);
         }
         fence_mbarrier_init();
     }
     __syncthreads();  // the barriers are initialised before anyone uses them (the last CTA-wide barrier)
 
     if (threadIdx.x < 128) {  // producer warpgroup
-        setmaxnreg_dec<WGMMA_FWD_PRODUCER_REGS>();
+        setmaxnreg_dec<WGMMA_PRODUCER_REGS>();
         if (threadIdx.x < 32 && elect_one_sync()) {
             mbarrier_arrive_expect_tx(q_full, QBYTES);
             for (int cb = 0; cb < HD / 64; cb++) {
@@ -341,7 +315,7 @@ __global__ void __launch_bounds__(WGMMA_FWD_THREADS, 1)
     }
 
     // Consumers.
-    setmaxnreg_inc<WGMMA_FWD_CONSUMER_REGS>();
+    setmaxnreg_inc<WGMMA_CONSUMER_REGS>();
     const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, c = 2 * (lane % 4);
     const int qwg = q0 + 64 * wg;          // the warpgroup's first query
@@ -354,27 +328,27 @@ __global__ void __launch_bounds__(WGMMA_FWD_THREADS, 1)
     float s[BN / 2];          // S accumulator fragment (64 x 128)
     uint32_t p[BN / 16][4];   // P as bf16 A registers, live until its P V wgmma has been waited on
     float alpha[2];
-    if (wg == 1) named_barrier_arrive<WGMMA_FWD_CONSUMERS>(1);  // consumer 0 issues first
+    if (wg == 1) named_barrier_arrive<WGMMA_CONSUMERS>(1);  // consumer 0 issues first
     mbarrier_wait(q_full, 0);
 
     if constexpr (!OVERLAP) {
         for (int j = 0; j < n_tiles; j++) {
             const int st = j % STAGES;
             mbarrier_wait(full0 + 8 * st, (j / STAGES) & 1);
-            named_barrier_sync<WGMMA_FWD_CONSUMERS>(1 + wg);  // my turn to issue
+            named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);  // my turn to issue
             wgmma_fence();
             wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_sm, k_sm + st * TBYTES, wg);
-            named_barrier_arrive<WGMMA_FWD_CONSUMERS>(2 - wg);  // the other consumer's turn
+            named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);  // the other consumer's turn
             wgmma_wait_group<0>();
             pin_registers(s);
             attention_forward_wgmma_softmax(s, p, m, l, alpha, j * BN, qwg, row0, c, scale_log2);
             attention_forward_wgmma_rescale<HD>(o, alpha);
             pin_registers(p);  // P and the rescaled O are written before the wgmma.fence
             pin_registers(o);
-            named_barrier_sync<WGMMA_FWD_CONSUMERS>(1 + wg);
+            named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
             wgmma_fence();
             attention_forward_wgmma_pv<HD>(o, p, v_sm + st * TBYTES);
-            named_barrier_arrive<WGMMA_FWD_CONSUMERS>(2 - wg);
+            named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
             wgmma_wait_group<0>();
             pin_registers(o);
             pin_registers(p);
@@ -391,11 +365,11 @@ __global__ void __launch_bounds__(WGMMA_FWD_THREADS, 1)
             mbarrier_wait(full0 + 8 * nst, ((j + 1) / STAGES) & 1);
             pin_registers(p_cur);
             pin_registers(o);
-            named_barrier_sync<WGMMA_FWD_CONSUMERS>(1 + wg);
+            named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
             wgmma_fence();
             wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_sm, k_sm + nst * TBYTES, wg);  // S_{j+1}: one group
             attention_forward_wgmma_pv<HD>(o, p_cur, v_sm + st * TBYTES);                    // P_j V_j: the next group
-            named_barrier_arrive<WGMMA_FWD_CONSUMERS>(2 - wg);
+            named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
             wgmma_wait_group<1>();  // groups complete in order: S_{j+1} is done, P_j V_j may still run
             pin_registers(s);
             attention_forward_wgmma_softmax(s, p_next, m, l, alpha, (j + 1) * BN, qwg, row0, c, scale_log2);
@@ -410,10 +384,10 @@ __global__ void __launch_bounds__(WGMMA_FWD_THREADS, 1)
             const int st = j % STAGES;
             pin_registers(p_cur);
             pin_registers(o);
-            named_barrier_sync<WGMMA_FWD_CONSUMERS>(1 + wg);
+            named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
             wgmma_fence();
             attention_forward_wgmma_pv<HD>(o, p_cur, v_sm + st * TBYTES);
-            named_barrier_arrive<WGMMA_FWD_CONSUMERS>(2 - wg);
+            named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
             wgmma_wait_group<0>();
             pin_registers(o);
             pin_registers(p_cur);
@@ -421,10 +395,10 @@ __global__ void __launch_bounds__(WGMMA_FWD_THREADS, 1)
         };
         // Prologue: S_0 and its softmax (O is zero: no rescale).
         mbarrier_wait(full0, 0);
-        named_barrier_sync<WGMMA_FWD_CONSUMERS>(1 + wg);
+        named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
         wgmma_fence();
         wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_sm, k_sm, wg);
-        named_barrier_arrive<WGMMA_FWD_CONSUMERS>(2 - wg);
+        named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
         wgmma_wait_group<0>();
         pin_registers(s);
         attention_forward_wgmma_softmax(s, p, m, l, alpha, 0, qwg, row0, c, scale_log2);
@@ -440,7 +414,7 @@ __global__ void __launch_bounds__(WGMMA_FWD_THREADS, 1)
             last(j, p);
         }
     }
-    if (wg == 0) named_barrier_sync<WGMMA_FWD_CONSUMERS>(1);  // consume consumer 1's last pass: no arrival left pending
+    if (wg == 0) named_barrier_sync<WGMMA_CONSUMERS>(1);  // consume consumer 1's last pass: no arrival left pending
 
     // Epilogue. lse, then O / l as bf16 into the warpgroup's own rows of the (dead) Q tile, then coalesced stores.
     float inv_l[2];
@@ -485,78 +459,106 @@ __global__ void __launch_bounds__(WGMMA_FWD_THREADS, 1)
 // Backward
 
 template <int HD>
-constexpr size_t attention_backward_dkdv_wgmma_smem_bytes() {
+__host__ __device__ constexpr size_t attention_backward_dkdv_wgmma_smem_bytes() {
     constexpr int S = WGMMA_DKDV_STAGES, BQ = WGMMA_DKDV_QUERIES;
-    return sizeof(__nv_bfloat16) * HD * (2 * WGMMA_ROWS + 2 * S * BQ) + sizeof(float) * 2 * S * BQ + 1024;
+    return sizeof(__nv_bfloat16) * HD * (2 * WGMMA_ROWS + 2 * S * BQ) + sizeof(float) * 2 * S * BQ + 8 * (1 + 2 * S) +
+           1024;
 }
 
-// dK, dV for one (b, kv head, tile of 128 keys). grid (B * KV, ceil(T / 128)), block 256.
+// dK, dV for one (b, kv head, tile of 128 keys). grid (B * KV, ceil(T / 128)), block 384. kv_map: qkv with 128-row
+// boxes; q_map: qkv with 64-row boxes; do_map: dout with 64-row boxes (attention_heads_tensor_map).
 template <int HD>
-__global__ void __launch_bounds__(WGMMA_THREADS, 1)
-    attention_backward_dkdv_wgmma_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
-                                          const float* lse, const float* delta, int T, int H, int KV, float scale,
-                                          float scale_log2) {
+__global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
+    attention_backward_dkdv_wgmma_kernel(const __grid_constant__ CUtensorMap kv_map,
+                                         const __grid_constant__ CUtensorMap q_map,
+                                         const __grid_constant__ CUtensorMap do_map, __nv_bfloat16* dqkv,
+                                         const float* lse, const float* delta, int T, int H, int KV, float scale,
+                                         float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int ROWS = WGMMA_ROWS, S = WGMMA_DKDV_STAGES, BQ = WGMMA_DKDV_QUERIES;
     constexpr int KBYTES = ROWS * HD * 2, QBYTES = BQ * HD * 2;
     static_assert(ROWS % BQ == 0, "query tiles must start at the key tile's first key");
     static_assert(BQ == 64 || BQ == 128, "S^T, dP^T are wgmma m64nBQk16 with N = 64 or 128 (wgmma_bf16_ss overloads)");
+    static_assert(attention_backward_dkdv_wgmma_smem_bytes<HD>() <= 227 * 1024, "stages do not fit in shared memory");
     extern __shared__ uint8_t wgmma_smem[];
     const uint32_t smem = (smem_addr(wgmma_smem) + 1023u) & ~1023u;
-    const uint32_t k_sm = smem;                      // K (128 x HD), swizzled
-    const uint32_t v_sm = k_sm + KBYTES;             // V (128 x HD)
-    const uint32_t q_sm = v_sm + KBYTES;             // S stages x Q (BQ x HD)
-    const uint32_t do_sm = q_sm + S * QBYTES;        // S stages x dO (BQ x HD)
+    const uint32_t k_sm = smem;                // K (128 x HD), swizzled
+    const uint32_t v_sm = k_sm + KBYTES;       // V (128 x HD)
+    const uint32_t q_sm = v_sm + KBYTES;       // S stages x Q (BQ x HD)
+    const uint32_t do_sm = q_sm + S * QBYTES;  // S stages x dO (BQ x HD)
     uint8_t* smem_ptr = wgmma_smem + (smem - smem_addr(wgmma_smem));
-    float* lse_s = reinterpret_cast<float*>(smem_ptr + 2 * KBYTES + 2 * S * QBYTES);  // S stages x BQ
+    float* lse_s = reinterpret_cast<float*>(smem_ptr + 2 * KBYTES + 2 * S * QBYTES);  // S stages x BQ, times log2 e
     float* D_s = lse_s + S * BQ;                                                      // S stages x BQ
+    const uint32_t kv_full = smem_addr(D_s + S * BQ);  // mbarriers: kv_full, full[S], empty[S]
+    const uint32_t full0 = kv_full + 8, empty0 = full0 + 8 * S;
 
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int g = lane / 4, c = 2 * (lane % 4);
     const int b = blockIdx.x / KV, kvh = blockIdx.x % KV, group = H / KV;
     const int k0 = blockIdx.y * ROWS;  // the first key tiles see the most queries: scheduled first
-    const int kwg = k0 + 64 * wg;      // the warpgroup's first key
-    const int key0 = kwg + 16 * warp + g;  // this thread's keys: key0 and key0 + 8
-    const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
-
     // Items (query head of the group, query tile from the diagonal); k0 is a multiple of BQ.
     const int n_q = ceil_div(T - k0, BQ), n_items = group * n_q;
-    auto issue = [&](int item) {
-        const int stage = item % S, h = kvh * group + item / n_q, q0 = k0 + (item % n_q) * BQ;
-        wgmma_load_tile<HD, BQ>(q_sm + stage * QBYTES, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
-        wgmma_load_tile<HD, BQ>(do_sm + stage * QBYTES, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0,
-                             T);
-        const size_t row = ((size_t)b * H + h) * T;  // (b, h) row of lse and delta
-        attention_load_row_stats<BQ>(lse_s + stage * BQ, D_s + stage * BQ, lse, delta, row, q0, T);
-    };
 
-    wgmma_load_tile<HD, ROWS>(k_sm, qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD, stride, k0, T);
-    wgmma_load_tile<HD, ROWS>(v_sm, qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD, stride, k0, T);
-    issue(0);
-    cp_async_commit();
-    if (n_items > 1) issue(1);
-    cp_async_commit();
+    if (threadIdx.x == 0) {
+        mbarrier_init(kv_full, 1);
+        for (int s = 0; s < S; s++) {
+            mbarrier_init(full0 + 8 * s, 1 + BQ);  // the TMA thread's arrive.expect_tx + one per lse / D thread
+            mbarrier_init(empty0 + 8 * s, WGMMA_CONSUMERS);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {  // producer warpgroup
+        setmaxnreg_dec<WGMMA_PRODUCER_REGS>();
+        if (threadIdx.x < 32) {
+            if (elect_one_sync()) {
+                mbarrier_arrive_expect_tx(kv_full, 2 * KBYTES);
+                for (int cb = 0; cb < HD / 64; cb++) {
+                    tma_load_4d(k_sm + cb * (ROWS * 128), &kv_map, kv_full, 64 * cb, H + kvh, k0, b);
+                    tma_load_4d(v_sm + cb * (ROWS * 128), &kv_map, kv_full, 64 * cb, H + KV + kvh, k0, b);
+                }
+                for (int it = 0; it < n_items; it++) {
+                    const int s = it % S, round = it / S, h = kvh * group + it / n_q, q0 = k0 + (it % n_q) * BQ;
+                    if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);
+                    mbarrier_arrive_expect_tx(full0 + 8 * s, 2 * QBYTES);
+                    for (int cb = 0; cb < HD / 64; cb++) {
+                        tma_load_4d(q_sm + s * QBYTES + cb * (BQ * 128), &q_map, full0 + 8 * s, 64 * cb, h, q0, b);
+                        tma_load_4d(do_sm + s * QBYTES + cb * (BQ * 128), &do_map, full0 + 8 * s, 64 * cb, h, q0, b);
+                    }
+                }
+            }
+        } else if (threadIdx.x < 32 + BQ) {  // one query's lse and D per thread (lse, D rows need not be 16-byte
+                                             // aligned, which a bulk copy would want)
+            const int i = threadIdx.x - 32;
+            for (int it = 0; it < n_items; it++) {
+                const int s = it % S, round = it / S, h = kvh * group + it / n_q, q = k0 + (it % n_q) * BQ + i;
+                if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);
+                const size_t row = ((size_t)b * H + h) * T;  // (b, h) row of lse and delta
+                lse_s[s * BQ + i] = q < T ? lse[row + q] * ATTN_LOG2E : 0.0f;  // in the log2 domain
+                D_s[s * BQ + i] = q < T ? delta[row + q] : 0.0f;
+                mbarrier_arrive(full0 + 8 * s);  // releases the two stores to whoever waits on full[s]
+            }
+        }
+        return;
+    }
+
+    // Consumers.
+    setmaxnreg_inc<WGMMA_CONSUMER_REGS>();
+    const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, c = 2 * (lane % 4);
+    const int kwg = k0 + 64 * wg;          // the warpgroup's first key
+    const int key0 = kwg + 16 * warp + g;  // this thread's keys: key0 and key0 + 8
 
     float dk[HD / 2], dv[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) dk[i] = dv[i] = 0.0f;
-    uint32_t dsa[BQ / 16][4];  // dS^T as bf16 A registers, read by dK's wgmma, which runs into the next item
+    mbarrier_wait(kv_full, 0);
 
     for (int it = 0; it < n_items; it++) {
-        // Groups committed so far: items 0 .. it + 1 (one per iteration, possibly empty). All but the newest: it.
-        cp_async_wait<1>();
-        fence_proxy_async_shared();
-        // Item it visible to all; everyone is done with item it - 2 (its dK wgmma was waited for in item it - 1),
-        // whose stage is refilled next.
-        __syncthreads();
-        if (it + 2 < n_items) issue(it + 2);
-        cp_async_commit();
-
         const int stage = it % S, q0 = k0 + (it % n_q) * BQ;
+        // Waited for even when skipped: a warpgroup's release of round r then never precedes the other's of r - 1.
+        mbarrier_wait(full0 + 8 * stage, (it / S) & 1);
         if (q0 + BQ - 1 < kwg) {  // warpgroup-uniform: every query of the tile precedes every key
-            wgmma_wait_group<0>();  // the previous item's dK must be done before its stage is refilled (next iteration)
-            pin_registers(dsa);
-            pin_registers(dk);
+            mbarrier_arrive(empty0 + 8 * stage);
             continue;
         }
         const uint32_t q_st = q_sm + stage * QBYTES, do_st = do_sm + stage * QBYTES;
@@ -569,17 +571,14 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         wgmma_scores_ss<HD, ROWS, BQ>(s, k_sm, q_st, wg);
         wgmma_scores_ss<HD, ROWS, BQ>(dp, v_sm, do_st, wg);
 
-        // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2. Outstanding: the previous
-        // item's dK, S^T, dP^T: all but the newest (dP^T) done.
+        // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2.
         wgmma_wait_group<1>();
         pin_registers(s);
-        pin_registers(dsa);  // the previous item's dK is done with them
-        pin_registers(dk);
         const bool need_mask = kwg + 63 > q0 || q0 + BQ > T;
 #pragma unroll
         for (int i = 0; i < BQ / 2; i++) {
             const int qi = 8 * (i / 4) + c + i % 2;
-            float p = exp2f(fmaf(s[i], scale_log2, -lse_t[qi] * ATTN_LOG2E));
+            float p = exp2f(fmaf(s[i], scale_log2, -lse_t[qi]));
             if (need_mask) {
                 const int q = q0 + qi, key = key0 + 8 * ((i / 2) % 2);
                 if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
@@ -602,6 +601,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         pin_registers(dp);
 #pragma unroll
         for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
+        uint32_t dsa[BQ / 16][4];
         wgmma_acc_to_a<BQ>(dsa, dp);
         pin_registers(dsa);
         pin_registers(dk);
@@ -610,15 +610,16 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         for (int kk = 0; kk < BQ / 16; kk++)
             wgmma_bf16_rs(dk, dsa[kk], wgmma_desc_sw128(q_st + 2048 * kk, BQ * 128, 1024), 1);
         wgmma_commit_group();
-        wgmma_wait_group<1>();  // dV done; dK runs on into the next item
+        wgmma_wait_group<0>();  // dV and dK done: the stage is free
         pin_registers(pa);
         pin_registers(dv);
+        pin_registers(dsa);
+        pin_registers(dk);
+        mbarrier_arrive(empty0 + 8 * stage);
     }
-    wgmma_wait_group<0>();
-    pin_registers(dsa);
-    pin_registers(dk);
 
     // Each warpgroup read only its own 64 rows of K and V: after its last wait they stage its results.
+    const size_t stride = (size_t)(H + 2 * KV) * HD;
     __nv_bfloat16* dqkv_b = dqkv + (size_t)b * T * stride;
     wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + kvh) * HD, stride, smem_ptr, dk, scale, kwg, T, wg);
     wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + KV + kvh) * HD, stride, smem_ptr + KBYTES, dv, 1.0f, kwg, T, wg);
@@ -628,51 +629,80 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
 }
 
 template <int HD>
-constexpr size_t attention_backward_dq_wgmma_smem_bytes() {
+__host__ __device__ constexpr size_t attention_backward_dq_wgmma_smem_bytes() {
     constexpr int BN = wgmma_dq_keys(HD);
-    return sizeof(__nv_bfloat16) * HD * (2 * WGMMA_ROWS + 2 * WGMMA_DQ_STAGES * BN) + 1024;
+    return sizeof(__nv_bfloat16) * HD * (2 * WGMMA_ROWS + 2 * WGMMA_DQ_STAGES * BN) + 8 * (1 + 2 * WGMMA_DQ_STAGES) +
+           1024;
 }
 
-// dQ for one (b, h, tile of 128 queries). grid (B * H, ceil(T / 128)), block 256.
+// dQ for one (b, h, tile of 128 queries). grid (B * H, ceil(T / 128)), block 384. q_map: qkv with 128-row boxes;
+// do_map: dout with 128-row boxes; kv_map: qkv with BN-row boxes.
 template <int HD>
-__global__ void __launch_bounds__(WGMMA_THREADS, 1)
-    attention_backward_dq_wgmma_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
-                                        const float* lse, const float* delta, int T, int H, int KV, float scale,
-                                        float scale_log2) {
+__global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
+    attention_backward_dq_wgmma_kernel(const __grid_constant__ CUtensorMap q_map,
+                                       const __grid_constant__ CUtensorMap do_map,
+                                       const __grid_constant__ CUtensorMap kv_map, __nv_bfloat16* dqkv,
+                                       const float* lse, const float* delta, int T, int H, int KV, float scale,
+                                       float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int ROWS = WGMMA_ROWS, S = WGMMA_DQ_STAGES, BN = wgmma_dq_keys(HD);
     constexpr bool AREG = wgmma_dq_q_in_registers(HD);
     constexpr int QBYTES = ROWS * HD * 2, TBYTES = BN * HD * 2;
     static_assert(ROWS % BN == 0, "key tiles must tile the query tile");
+    static_assert(attention_backward_dq_wgmma_smem_bytes<HD>() <= 227 * 1024, "stages do not fit in shared memory");
     extern __shared__ uint8_t wgmma_smem[];
     const uint32_t smem = (smem_addr(wgmma_smem) + 1023u) & ~1023u;
-    const uint32_t q_sm = smem;                     // Q (128 x HD), swizzled
-    const uint32_t do_sm = q_sm + QBYTES;           // dO (128 x HD)
-    const uint32_t k_sm = do_sm + QBYTES;           // S stages x K (BN x HD)
-    const uint32_t v_sm = k_sm + S * TBYTES;        // S stages x V (BN x HD)
+    const uint32_t q_sm = smem;                 // Q (128 x HD), swizzled
+    const uint32_t do_sm = q_sm + QBYTES;       // dO (128 x HD)
+    const uint32_t k_sm = do_sm + QBYTES;       // S stages x K (BN x HD)
+    const uint32_t v_sm = k_sm + S * TBYTES;    // S stages x V (BN x HD)
+    const uint32_t q_full = v_sm + S * TBYTES;  // mbarriers: q_full, full[S], empty[S]
+    const uint32_t full0 = q_full + 8, empty0 = full0 + 8 * S;
     uint8_t* smem_ptr = wgmma_smem + (smem - smem_addr(wgmma_smem));
 
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int g = lane / 4, c = 2 * (lane % 4);
     const int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV);
     const int q0 = (gridDim.y - 1 - blockIdx.y) * ROWS;  // the longest (last) query tiles are scheduled first
+    const int n_tiles = ceil_div(min(q0 + ROWS, T), BN);  // causal: keys up to the CTA's last query
+
+    if (threadIdx.x == 0) {
+        mbarrier_init(q_full, 1);
+        for (int s = 0; s < S; s++) {
+            mbarrier_init(full0 + 8 * s, 1);
+            mbarrier_init(empty0 + 8 * s, WGMMA_CONSUMERS);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {  // producer warpgroup
+        setmaxnreg_dec<WGMMA_PRODUCER_REGS>();
+        if (threadIdx.x < 32 && elect_one_sync()) {
+            mbarrier_arrive_expect_tx(q_full, 2 * QBYTES);
+            for (int cb = 0; cb < HD / 64; cb++) {
+                tma_load_4d(q_sm + cb * (ROWS * 128), &q_map, q_full, 64 * cb, h, q0, b);
+                tma_load_4d(do_sm + cb * (ROWS * 128), &do_map, q_full, 64 * cb, h, q0, b);
+            }
+            for (int j = 0; j < n_tiles; j++) {
+                const int s = j % S, round = j / S;
+                if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);
+                mbarrier_arrive_expect_tx(full0 + 8 * s, 2 * TBYTES);
+                for (int cb = 0; cb < HD / 64; cb++) {
+                    tma_load_4d(k_sm + s * TBYTES + cb * (BN * 128), &kv_map, full0 + 8 * s, 64 * cb, H + kvh, j * BN,
+                                b);
+                    tma_load_4d(v_sm + s * TBYTES + cb * (BN * 128), &kv_map, full0 + 8 * s, 64 * cb, H + KV + kvh,
+                                j * BN, b);
+                }
+            }
+        }
+        return;
+    }
+
+    // Consumers.
+    setmaxnreg_inc<WGMMA_CONSUMER_REGS>();
+    const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, c = 2 * (lane % 4);
     const int qwg = q0 + 64 * wg;
     const int row0 = qwg + 16 * warp + g;  // this thread's queries: row0 and row0 + 8
-    const size_t stride = (size_t)(H + 2 * KV) * HD, o_stride = (size_t)H * HD;
-    const __nv_bfloat16* k_src = qkv + (size_t)b * T * stride + (size_t)(H + kvh) * HD;
-    const __nv_bfloat16* v_src = qkv + (size_t)b * T * stride + (size_t)(H + KV + kvh) * HD;
-
-    const int n_tiles = ceil_div(min(q0 + ROWS, T), BN);  // causal: keys up to the CTA's last query
-    auto issue = [&](int j) {
-        wgmma_load_tile<HD, BN>(k_sm + (j % S) * TBYTES, k_src, stride, j * BN, T);
-        wgmma_load_tile<HD, BN>(v_sm + (j % S) * TBYTES, v_src, stride, j * BN, T);
-    };
-    wgmma_load_tile<HD, ROWS>(q_sm, qkv + (size_t)b * T * stride + (size_t)h * HD, stride, q0, T);
-    wgmma_load_tile<HD, ROWS>(do_sm, dout + (size_t)b * T * o_stride + (size_t)h * HD, o_stride, q0, T);
-    issue(0);
-    cp_async_commit();
-    if (n_tiles > 1) issue(1);
-    cp_async_commit();
 
     float lse2[2], D[2];  // rows row0, row0 + 8; finite placeholders past T (never stored)
 #pragma unroll
@@ -685,23 +715,20 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) dq[i] = 0.0f;
     uint32_t qa[AREG ? HD / 16 : 1][4], doa[AREG ? HD / 16 : 1][4];  // Q, dO rows as A fragments (AREG)
+    mbarrier_wait(q_full, 0);
+    if constexpr (AREG) {
+        wgmma_load_a_frags<HD, ROWS>(qa, smem_ptr, wg);
+        wgmma_load_a_frags<HD, ROWS>(doa, smem_ptr + QBYTES, wg);
+    }
 
     for (int j = 0; j < n_tiles; j++) {
-        cp_async_wait<1>();
-        fence_proxy_async_shared();
-        __syncthreads();  // tile j visible to all; everyone is done with tile j - 1, whose stage is refilled next
-        if (j + 2 < n_tiles) issue(j + 2);
-        cp_async_commit();
-        if constexpr (AREG) {
-            if (j == 0) {
-                wgmma_load_a_frags<HD, ROWS>(qa, smem_ptr, wg);
-                wgmma_load_a_frags<HD, ROWS>(doa, smem_ptr + QBYTES, wg);
-            }
+        const int stage = j % S, k0 = j * BN;
+        mbarrier_wait(full0 + 8 * stage, (j / S) & 1);  // also when skipped (see the dK/dV kernel)
+        if (k0 > qwg + 63) {  // warpgroup-uniform: every key of the tile follows every query
+            mbarrier_arrive(empty0 + 8 * stage);
+            continue;
         }
-
-        const int k0 = j * BN;
-        if (k0 > qwg + 63) continue;  // warpgroup-uniform: every key of the tile follows every query
-        const uint32_t k_st = k_sm + (j % S) * TBYTES, v_st = v_sm + (j % S) * TBYTES;
+        const uint32_t k_st = k_sm + stage * TBYTES, v_st = v_sm + stage * TBYTES;
 
         // S = Q K^T and dP = dO V^T, one commit group each.
         float s[BN / 2], dp[BN / 2];
@@ -743,9 +770,11 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         wgmma_wait_group<0>();
         pin_registers(dsa);
         pin_registers(dq);
+        mbarrier_arrive(empty0 + 8 * stage);
     }
 
     // Each warpgroup read only its own 64 rows of Q: after its last wait they stage its result.
+    const size_t stride = (size_t)(H + 2 * KV) * HD;
     wgmma_store_rows<HD, ROWS>(dqkv + (size_t)b * T * stride + (size_t)h * HD, stride, smem_ptr, dq, scale, qwg, T,
                                wg);
 #else
@@ -781,37 +810,52 @@ inline bool attention_wgmma_usable() {
     return cached_usable;
 }
 
-// The tensor map of qkv (B, T, (H + 2 KV) hd) bf16 as the 4-D tensor (hd, head, token, batch), innermost first,
-// strides in bytes nested as cuTensorMapEncodeTiled wants them; box (64, 1, 128, 1) = 128 rows of 128 bytes, 128-byte
-// swizzle; out-of-bounds elements (tokens >= T) read as zeros.
-inline CUtensorMap attention_qkv_tensor_map(const floatX* qkv, int B, int T, int H, int KV, int hd) {
+// A (B, T, heads, hd) bf16 tensor (qkv: heads = H + 2 KV; dout: heads = H) as the 4-D tensor (hd, head, token,
+// batch), innermost first, strides in bytes nested as cuTensorMapEncodeTiled wants them; box (64, 1, rows, 1) = rows
+// of 128 bytes, 128-byte swizzle; out-of-bounds elements (tokens >= T) read as zeros.
+inline CUtensorMap attention_heads_tensor_map(const floatX* base, int B, int T, int heads, int hd, int rows) {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
     if (encode == nullptr) {
         void* fn = nullptr;
         cudaDriverEntryPointQueryResult found;
         cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
         if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
-            fprintf(stderr, "attention_forward_wgmma: the driver has no cuTensorMapEncodeTiled\n");
+            fprintf(stderr, "attention_wgmma: the driver has no cuTensorMapEncodeTiled\n");
             fail_exit();
         }
         encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
     }
-    const cuuint64_t heads = (cuuint64_t)H + 2 * KV, elem = sizeof(__nv_bfloat16);
-    const cuuint64_t dims[4] = {(cuuint64_t)hd, heads, (cuuint64_t)T, (cuuint64_t)B};
+    const cuuint64_t elem = sizeof(__nv_bfloat16);
+    const cuuint64_t dims[4] = {(cuuint64_t)hd, (cuuint64_t)heads, (cuuint64_t)T, (cuuint64_t)B};
     const cuuint64_t strides[3] = {hd * elem, heads * hd * elem, (cuuint64_t)T * heads * hd * elem};
-    const cuuint32_t box[4] = {64, 1, WGMMA_ROWS, 1};
+    const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
     const cuuint32_t element_strides[4] = {1, 1, 1, 1};
     CUtensorMap map;
-    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<floatX*>(qkv), dims, strides, box,
+    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<floatX*>(base), dims, strides, box,
                               element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
         fprintf(stderr,
-                "attention_forward_wgmma: cuTensorMapEncodeTiled failed (CUresult %d) for B %d T %d H %d KV %d hd %d\n",
-                (int)r, B, T, H, KV, hd);
+                "attention_wgmma: cuTensorMapEncodeTiled failed (CUresult %d) for B %d T %d heads %d hd %d rows %d\n",
+                (int)r, B, T, heads, hd, rows);
         fail_exit();
     }
     return map;
+}
+
+// setmaxnreg.inc waits for registers that setmaxnreg.dec returned to the CTA's allocation: a CTA launched with fewer
+// than the producer / consumer split needs would hang, so refuse to launch it (checked once per kernel).
+template <typename Kernel>
+inline void wgmma_check_register_split(Kernel kernel, const char* name, bool& checked) {
+    if (checked) return;
+    cudaFuncAttributes attr;
+    cudaCheck(cudaFuncGetAttributes(&attr, kernel));
+    if (attr.numRegs * WGMMA_WS_THREADS < WGMMA_REGS_NEEDED) {
+        fprintf(stderr, "%s: kernel compiled to %d registers per thread, the producer / consumer split needs %d\n",
+                name, attr.numRegs, WGMMA_REGS_NEEDED / WGMMA_WS_THREADS);
+        fail_exit();
+    }
+    checked = true;
 }
 
 template <int HD, int STAGES, bool OVERLAP>
@@ -820,23 +864,13 @@ inline void attention_forward_wgmma_launch(floatX* out, float* lse, const floatX
     static bool smem_set = false, regs_checked = false;
     const size_t smem = attention_forward_wgmma_smem_bytes<HD, STAGES>();
     attention_set_smem(attention_forward_wgmma_kernel<HD, STAGES, OVERLAP>, smem, smem_set);
-    if (!regs_checked) {
-        // setmaxnreg.inc waits for registers that setmaxnreg.dec returned to the CTA's allocation: a CTA launched
-        // with fewer than the split needs would hang, so refuse to launch it.
-        cudaFuncAttributes attr;
-        cudaCheck(cudaFuncGetAttributes(&attr, attention_forward_wgmma_kernel<HD, STAGES, OVERLAP>));
-        if (attr.numRegs * WGMMA_FWD_THREADS < WGMMA_FWD_REGS_NEEDED) {
-            fprintf(stderr, "attention_forward_wgmma: kernel compiled to %d registers per thread, the producer / "
-                    "consumer split needs %d\n", attr.numRegs, WGMMA_FWD_REGS_NEEDED / WGMMA_FWD_THREADS);
-            fail_exit();
-        }
-        regs_checked = true;
-    }
-    const CUtensorMap map = attention_qkv_tensor_map(qkv, B, T, H, KV, HD);
+    wgmma_check_register_split(attention_forward_wgmma_kernel<HD, STAGES, OVERLAP>, "attention_forward_wgmma",
+                               regs_checked);
+    const CUtensorMap map = attention_heads_tensor_map(qkv, B, T, H + 2 * KV, HD, WGMMA_ROWS);
     const float scale_log2 = ATTN_LOG2E / sqrtf((float)HD);
     dim3 grid(B * H, ceil_div(T, WGMMA_ROWS));
     attention_forward_wgmma_kernel<HD, STAGES, OVERLAP>
-        <<<grid, WGMMA_FWD_THREADS, smem, stream>>>(map, out, lse, T, H, KV, scale_log2);
+        <<<grid, WGMMA_WS_THREADS, smem, stream>>>(map, out, lse, T, H, KV, scale_log2);
     cudaCheckLaunch();
 }
 
@@ -866,20 +900,31 @@ template <int HD>
 inline void attention_backward_wgmma_hd(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
                                         const floatX* out, const float* lse, int B, int T, int H, int KV,
                                         cudaStream_t stream) {
-    static bool dkdv_smem_set = false, dq_smem_set = false;
+    static bool dkdv_smem_set = false, dq_smem_set = false, dkdv_regs_checked = false, dq_regs_checked = false;
     const size_t dkdv_smem = attention_backward_dkdv_wgmma_smem_bytes<HD>();
     const size_t dq_smem = attention_backward_dq_wgmma_smem_bytes<HD>();
     attention_set_smem(attention_backward_dkdv_wgmma_kernel<HD>, dkdv_smem, dkdv_smem_set);
     attention_set_smem(attention_backward_dq_wgmma_kernel<HD>, dq_smem, dq_smem_set);
+    wgmma_check_register_split(attention_backward_dkdv_wgmma_kernel<HD>, "attention_backward_wgmma (dK/dV)",
+                               dkdv_regs_checked);
+    wgmma_check_register_split(attention_backward_dq_wgmma_kernel<HD>, "attention_backward_wgmma (dQ)",
+                               dq_regs_checked);
     attention_delta(delta, dout, out, B, T, H, HD, stream);
+    const int heads = H + 2 * KV;
+    const CUtensorMap qkv_128 = attention_heads_tensor_map(qkv, B, T, heads, HD, WGMMA_ROWS);
+    const CUtensorMap qkv_64 = attention_heads_tensor_map(qkv, B, T, heads, HD, 64);
+    const CUtensorMap dout_128 = attention_heads_tensor_map(dout, B, T, H, HD, WGMMA_ROWS);
+    const CUtensorMap dout_64 = attention_heads_tensor_map(dout, B, T, H, HD, WGMMA_DKDV_QUERIES);
+    static_assert(WGMMA_DKDV_QUERIES == 64, "the dK/dV kernel's Q boxes are the 64-row map");
     const float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * ATTN_LOG2E;
     dim3 dkdv_grid(B * KV, ceil_div(T, WGMMA_ROWS));
-    attention_backward_dkdv_wgmma_kernel<HD><<<dkdv_grid, WGMMA_THREADS, dkdv_smem, stream>>>(
-        dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    attention_backward_dkdv_wgmma_kernel<HD><<<dkdv_grid, WGMMA_WS_THREADS, dkdv_smem, stream>>>(
+        qkv_128, qkv_64, dout_64, dqkv, lse, delta, T, H, KV, scale, scale_log2);
     cudaCheckLaunch();
     dim3 dq_grid(B * H, ceil_div(T, WGMMA_ROWS));
-    attention_backward_dq_wgmma_kernel<HD><<<dq_grid, WGMMA_THREADS, dq_smem, stream>>>(
-        dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
+    const CUtensorMap& kv_tiles = wgmma_dq_keys(HD) == WGMMA_ROWS ? qkv_128 : qkv_64;
+    attention_backward_dq_wgmma_kernel<HD><<<dq_grid, WGMMA_WS_THREADS, dq_smem, stream>>>(
+        qkv_128, dout_128, kv_tiles, dqkv, lse, delta, T, H, KV, scale, scale_log2);
     cudaCheckLaunch();
 }
 

@@ -160,6 +160,7 @@
 
 #include "../../llmc/attention.cuh"
 #include "../../llmc/ptx.cuh"
+#include "wgmma_cp_async.cuh"
 #include "attention_backward_v6.cuh"
 #include "attention_backward_v7.cuh"
 #include "attention_backward_v8.cuh"
@@ -1208,21 +1209,23 @@ static void backward_two_streams_hd(floatX* dqkv, float* delta, const floatX* do
         cudaCheck(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
     }
     static bool dkdv_smem_set = false, dq_smem_set = false;
-    const size_t dkdv_smem = attention_backward_dkdv_wgmma_smem_bytes<HD>();
-    const size_t dq_smem = attention_backward_dq_wgmma_smem_bytes<HD>();
-    attention_set_smem(attention_backward_dkdv_wgmma_kernel<HD>, dkdv_smem, dkdv_smem_set);
-    attention_set_smem(attention_backward_dq_wgmma_kernel<HD>, dq_smem, dq_smem_set);
+    const size_t dkdv_smem = backward_dkdv_wgmma_smem_bytes<HD, WGMMA_DKDV_QUERIES>();
+    const size_t dq_smem = backward_dq_wgmma_smem_bytes<HD, wgmma_dq_keys(HD)>();
+    attention_set_smem(backward_dkdv_wgmma_kernel<HD, WGMMA_DKDV_QUERIES, false>, dkdv_smem, dkdv_smem_set);
+    constexpr int BN = wgmma_dq_keys(HD);
+    constexpr bool AREG = wgmma_dq_q_in_registers(HD);
+    attention_set_smem(backward_dq_wgmma_kernel<HD, BN, AREG>, dq_smem, dq_smem_set);
     const cudaStream_t main_stream = 0;
     attention_delta(delta, dout, out, B, T, H, HD, main_stream);
     cudaCheck(cudaEventRecord(fork, main_stream));
     cudaCheck(cudaStreamWaitEvent(side, fork, 0));
     const float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * ATTN_LOG2E;
     dim3 dq_grid(B * H, ceil_div(T, WGMMA_ROWS));
-    attention_backward_dq_wgmma_kernel<HD><<<dq_grid, WGMMA_THREADS, dq_smem, side>>>(dqkv, dout, qkv, lse, delta, T,
+    backward_dq_wgmma_kernel<HD, BN, AREG><<<dq_grid, WGMMA_THREADS, dq_smem, side>>>(dqkv, dout, qkv, lse, delta, T,
                                                                                        H, KV, scale, scale_log2);
     cudaCheckLaunch();
     dim3 dkdv_grid(B * KV, ceil_div(T, WGMMA_ROWS));
-    attention_backward_dkdv_wgmma_kernel<HD><<<dkdv_grid, WGMMA_THREADS, dkdv_smem, main_stream>>>(
+    backward_dkdv_wgmma_kernel<HD, WGMMA_DKDV_QUERIES, false><<<dkdv_grid, WGMMA_THREADS, dkdv_smem, main_stream>>>(
         dqkv, dout, qkv, lse, delta, T, H, KV, scale, scale_log2);
     cudaCheckLaunch();
     cudaCheck(cudaEventRecord(join, side));
@@ -1256,7 +1259,10 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
         case 4:  // v3 with the 8-warp dK/dV kernel at hd 128
             backward_tc_config<2, 64, 1, 64, 2, 32, 1, 64, 4, 8>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
             break;
-        case 5: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
+        case 5:  // the cp.async kernels with the choices the trainer ran until v10
+            backward_hopper_config<64, 128, 64, 64, false, false, false, true>(dqkv, delta, dout, qkv, out, lse, B, T,
+                                                                               H, KV, hd);
+            break;
         case 6: attention_backward_v6(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd,
                                       v6_scratch(attention_backward_v6_scratch_bytes(B, T, H, hd)), 0);
             break;
@@ -1267,6 +1273,7 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
                                       v7_scratch(8, B, T, H, hd), 0);
             break;
         case 9: backward_two_streams(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd); break;
+        case 10: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
         // Tuning candidates (./attention_backward sweep): not versions of their own.
         case 101:  // hd 64: dQ with 32 keys per tile
             backward_tc_config<2, 32, 1, 64, 2, 32, 1, 64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
@@ -1305,7 +1312,7 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
 #if defined(ENABLE_FP32)
 static const int VERSIONS[] = {1};
 #else
-static const int VERSIONS[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+static const int VERSIONS[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
 #endif
 
 // v6 must not depend on its scratch's contents (the dQ accumulator is never zeroed, the counters are zeroed by v6):

@@ -39,6 +39,7 @@
 
 #include "../../llmc/attention.cuh"
 #include "../../llmc/ptx.cuh"
+#include "wgmma_cp_async.cuh"
 
 #if !defined(ENABLE_FP32)
 

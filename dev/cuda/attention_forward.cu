@@ -79,6 +79,7 @@
 
 #include "../../llmc/attention.cuh"
 #include "../../llmc/ptx.cuh"
+#include "wgmma_cp_async.cuh"
 #include "attention_shapes.h"
 
 // ---------------------------------------------------------------------------------------------------------------
