@@ -261,12 +261,6 @@ __device__ __forceinline__ void fence_mbarrier_init() {
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-// mbarrier_arrive when pred holds, as one predicated instruction.
-__device__ __forceinline__ void mbarrier_arrive_if(uint32_t bar, bool pred) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
-                 "r"((int)pred)
-                 : "memory");
-}
 // Arrives and raises the current phase's expected transaction bytes by `bytes`.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
