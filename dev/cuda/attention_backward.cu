@@ -10,7 +10,7 @@
 // the reference uses the same rounded out for D, as the GPU does. fp64 accumulation throughout. Every version must
 // also be deterministic: a rerun into a freshly poisoned buffer is compared bit for bit.
 //
-// Versions (v1 and v5 from llmc/, v2-v4 in this file; TFLOP/s = 2.5 x 2 B H T^2 hd / time, H200,
+// Versions (v1 and v10 from llmc/, v2-v9 in this file and its headers; TFLOP/s = 2.5 x 2 B H T^2 hd / time, H200,
 // shapes of the timing table):
 //   v1: attention_backward_scalar: CUDA-core fp32 dq and dk/dv kernels (any precision, hd 1..128).
 //       Measured: 14-18 TFLOP/s on the three timing shapes.
@@ -61,11 +61,12 @@
 //       (the dK/dV gain came from replacing one lockstep CTA per SM), and the larger query tile wastes more work
 //       at the diagonal.
 //   v4 is kept as a fixed entry (attention_backward_tc: the mma.sync kernels as configured above).
-//   v5: attention_backward (what the trainer runs): on Hopper, attention_backward_wgmma (llmc/attention_wgmma.cuh,
-//       sm_90a, hd 64 and 128; elsewhere v1). The same deterministic two-kernel split with wgmma: 2 warpgroups
-//       of 64 rows per CTA, 128-byte-swizzled smem tiles read by descriptors, P^T / dS^T (dS in the dQ kernel) fed
-//       to the next wgmma from registers. dK/dV: 128 keys per CTA, items of 64 queries through 4 cp.async stages, dK's
-//       wgmma left running into the next item. dQ: 128 queries per CTA, K / V tiles of 128 keys (hd 64) or 64 keys
+//   v5: what the trainer ran until v10, now backward_hopper_config with v5's choices (below; its kernels load their
+//       own tiles with cp.async, dev/cuda/wgmma_cp_async.cuh); then attention_backward_wgmma in
+//       llmc/attention_wgmma.cuh (sm_90a, hd 64 and 128; elsewhere v1). The same deterministic two-kernel split
+//       with wgmma: 2 warpgroups of 64 rows per CTA, 128-byte-swizzled smem tiles read by descriptors, P^T / dS^T
+//       (dS in the dQ kernel) fed to the next wgmma from registers. dK/dV: 128 keys per CTA, items of 64 queries
+//       through 4 cp.async stages, dK's wgmma left running into the next item. dQ: 128 queries per CTA, K / V tiles of 128 keys (hd 64) or 64 keys
 //       (hd 128, with Q and dO held in registers as A fragments). Registers: dK/dV 203 (hd 64) / 254 (hd 128), dQ 214
 //       / 246, no spills. Measured on an NVIDIA H200:
 //         (4, 2048, 32, 8, 64):  217 TFLOP/s   (v4 167)
@@ -143,18 +144,39 @@
 //       on an NVIDIA H100, two alternating runs each: v5 0.792 / 0.799, 2.046 / 2.040, 3.889 / 3.823 ms; v9 0.778 /
 //       0.774, 2.027 / 2.030, 3.903 / 3.846 ms: 2-3% at hd 64, nothing at hd 128. Not taken into llmc (a side stream
 //       and two events per call in the trainer for 2% of 12% of the 1B step).
-//   Where this leaves the backward (H100): the one-pass work runs at 305 / 562 / 598 TFLOP/s with nothing added,
+//   Where this left the backward (H100): the one-pass work runs at 305 / 562 / 598 TFLOP/s with nothing added,
 //   and every deterministic way of adding the dQ partials tried so far (ordered fp32 v6, fixed point through L2 v7,
-//   pairs through DSMEM v8) loses more than the one pass saves, so the trainer keeps v5's two kernels. A one-pass
+//   pairs through DSMEM v8) loses more than the one pass saves, so the trainer kept v5's two kernels. A one-pass
 //   design that wins would need the adds fully off the consumers' path (a producer / writer warpgroup with its own
 //   mbarrier ring and several items of slack, FA3's structure) and less traffic than one fp32 partial per 128 keys.
+//   v10: attention_backward (what the trainer runs): on Hopper, attention_backward_wgmma (llmc/attention_wgmma.cuh,
+//       its header has the design): v5's two kernels, warp-specialised and fed by TMA as the forward is. 384 threads:
+//       a producer warpgroup (setmaxnreg 24) loads K / V or Q / dO once and streams the other pair by TMA (64- or
+//       128-row boxes of qkv and dout; in the dK/dV kernel 64 of its threads also copy the item's lse (times log2 e)
+//       and D into smem); 2 consumer warpgroups (240 registers) run v5's math and meet only the per-stage full /
+//       empty mbarriers, never each other. Why: ncu of v5 on an H100 at (1, 8192, 32, 8, 128) had both kernels at
+//       ~52% tensor-pipe utilisation with half the issue slots busy (each thread's cp.async address and swizzle
+//       arithmetic) and a __syncthreads per item. dK/dV 58% of v5's time there, dQ 42%. Registers: 168 at launch
+//       (384 x 168 = 128 x 24 + 256 x 240), no spills. Correct on every validation shape, bit-for-bit reruns,
+//       compute-sanitizer memcheck 0 errors. Measured on an NVIDIA H100 (v5 in the same runs 215-219 / 336-341 /
+//       340-361):
+//         (4, 2048, 32, 8, 64):  242-248 TFLOP/s
+//         (2, 4096, 32, 8, 128): 394-402 TFLOP/s
+//         (1, 8192, 32, 8, 128): 399-432 TFLOP/s (this shape moves most between runs)
+//       and on an NVIDIA H200 (one run; v5 217 / 337 / 353): 247 / 400 / 399.
+//       Tried, not kept: (a) dK's wgmma left running into the next item, as v5 does: ptxas then serialises every
+//       wgmma of the kernel (C7515, whether the stage is released after the next item's first or second wait, with
+//       or without the skip branch, even with a warpgroup barrier at the top of the item), 232 / 365 / 371, slower
+//       than waiting for dK inside its item; (b) dQ's wgmma left running into the next tile (no C7515 there): 246 /
+//       396-399 / 424-431 against 246-248 / 400-402 / 411-415 in the same run, inside the noise; (c) a 4th dQ stage:
+//       no change; (d) lse and D read as float2 pairs in the dK/dV kernel: 186-190 / 318-328 / 344-347 (slower).
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py (--backward v6 for this version).
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
 // Run:   ./attention_backward [version]     (no argument: every version; the fp32 build has only v1)
 //        ./attention_backward 6 check       (validation only, no timing: for compute-sanitizer)
 //        ./attention_backward 7 time [i]    (timing only, every timing shape or shape i: for ncu)
-//        ./attention_backward 5 time [i]    (timing only, every timing shape or shape i: for ncu)
+//        ./attention_backward 10 time [i]   (timing only, every timing shape or shape i: for ncu)
 //        ./attention_backward sweep         (bf16: other tile configurations, spot-validated and timed)
 #include "common.h"
 

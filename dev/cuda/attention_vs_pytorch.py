@@ -15,10 +15,10 @@ repeat_interleave, outside the timed region (their gradients are summed back ove
 Our forward + backward includes everything the trainer runs: forward (out, lse), backward (delta + dK/dV + dQ).
 PyTorch's includes autograd's own work for one SDPA node.
 
---backward v6 runs attention_backward.cu's one-pass v6 (llmc_attention_backward_v6) instead of the trainer's (v5).
+--backward v6 runs attention_backward.cu's one-pass v6 (llmc_attention_backward_v6) instead of the trainer's (v10).
 
 Usage (on the GPU machine):  python dev/cuda/attention_vs_pytorch.py [--iters 30] [--build-dir /tmp/llmc_attention]
-                             [--backward v5|v6]
+                             [--backward trainer|v6]
 """
 
 import argparse
@@ -89,7 +89,7 @@ def time_ms(fn, iters, warmup=5):
 class Ours:
     """llmc attention on the packed layouts, with its buffers allocated once."""
 
-    def __init__(self, so, qkv, B, H, KV, T, D, backward="v5"):
+    def __init__(self, so, qkv, B, H, KV, T, D, backward="trainer"):
         self.so, self.qkv, self.shape = so, qkv, (B, T, H, KV, D)
         self.backward_fn = so.llmc_attention_backward_v6 if backward == "v6" else so.llmc_attention_backward
         self.out = torch.empty(B, T, H * D, device="cuda", dtype=torch.bfloat16)
@@ -199,8 +199,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30, help="timed runs per measurement (median reported), >= 20")
     ap.add_argument("--build-dir", default="/tmp/llmc_attention", help="where libllmc_attention.so is built")
-    ap.add_argument("--backward", choices=["v5", "v6"], default="v5",
-                    help="our backward: v5 (the trainer's) or v6 (attention_backward.cu's one-pass)")
+    ap.add_argument("--backward", choices=["trainer", "v6"], default="trainer",
+                    help="our backward: the trainer's (attention_backward.cu v10) or the one-pass v6")
     args = ap.parse_args()
     assert args.iters >= 20, "use at least 20 timed runs"
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}, "
