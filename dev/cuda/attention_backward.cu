@@ -66,9 +66,9 @@
 //       llmc/attention_wgmma.cuh (sm_90a, hd 64 and 128; elsewhere v1). The same deterministic two-kernel split
 //       with wgmma: 2 warpgroups of 64 rows per CTA, 128-byte-swizzled smem tiles read by descriptors, P^T / dS^T
 //       (dS in the dQ kernel) fed to the next wgmma from registers. dK/dV: 128 keys per CTA, items of 64 queries
-//       through 4 cp.async stages, dK's wgmma left running into the next item. dQ: 128 queries per CTA, K / V tiles of 128 keys (hd 64) or 64 keys
-//       (hd 128, with Q and dO held in registers as A fragments). Registers: dK/dV 203 (hd 64) / 254 (hd 128), dQ 214
-//       / 246, no spills. Measured on an NVIDIA H200:
+//       through 4 cp.async stages, dK's wgmma left running into the next item. dQ: 128 queries per CTA, K / V tiles
+//       of 128 keys (hd 64) or 64 keys (hd 128, with Q and dO held in registers as A fragments). Registers: dK/dV
+//       203 (hd 64) / 254 (hd 128), dQ 214 / 246, no spills. Measured on an NVIDIA H200:
 //         (4, 2048, 32, 8, 64):  217 TFLOP/s   (v4 167)
 //         (2, 4096, 32, 8, 128): 338 TFLOP/s   (v4 209)
 //         (1, 8192, 32, 8, 128): 356 TFLOP/s   (v4 219)
