@@ -276,9 +276,14 @@ __device__ __forceinline__ bool mbarrier_try_wait_parity(uint32_t bar, uint32_t 
     return done != 0;
 }
 // Blocks until the phase of parity `parity` of mbarrier bar has completed (a loop over the instruction above).
+// The loop is written in PTX: as a C++ loop around mbarrier_try_wait_parity, ptxas serialised the wgmmas of the
+// dK/dV kernel that keeps a wgmma running across the wait (C7515).
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
-    while (!mbarrier_try_wait_parity(bar, parity)) {
-    }
+    asm volatile(
+        "{\n.reg .pred p;\nMBARRIER_WAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra MBARRIER_WAIT_%=;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
 }
 
 // 4-D tiled TMA load of the box at coordinates (c0, c1, c2, c3) of tensor map `map` (a __grid_constant__ parameter)
