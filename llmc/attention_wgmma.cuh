@@ -47,12 +47,15 @@
 //   P^T = exp2(S^T scale log2 e - lse log2 e), 0 where key > query or query >= T; bf16 A registers
 //   dV += P^T dO                      wgmma m64nHDk16, A from registers, B = dO tile MN-major ("transpose B")
 //   dS^T = P^T o (dP^T - D); bf16 A registers
-//   dK += dS^T Q                      wgmma m64nHDk16, as dV; waited for before the item's stage is released
-//                                     (empty[s], 256 arrivals)
+//   dK += dS^T Q                      wgmma m64nHDk16, as dV; at hd 64 left running into the next item, whose S^T
+//                                     wait covers it (then that item releases this one's stage); at hd 128 waited
+//                                     for at once (the registers it keeps alive cost more there than the overlap
+//                                     gains); a stage is released on empty[s] (256 arrivals)
 // dK times scale at the store. A warpgroup whose keys all follow the item's queries skips it (after waiting for it
 // to be loaded, so that its release of a round never precedes the other warpgroup's release of the round before).
-// Letting dK run on into the next item (as the cp.async version did) makes ptxas serialise every wgmma of the kernel
-// here (C7515), which costs more than the overlap gave.
+// ptxas serialises all of a kernel's wgmmas (C7515) when it cannot see that no ordinary instruction writes a running
+// wgmma's registers. Two things here keep it from that: the consumer warpgroup's index comes through a shuffle, and
+// mbarrier_wait's loop is written in PTX (ptx.cuh).
 //
 // dQ: CTA = 128 queries x (head, batch). The producer loads Q and dO once (q_full), then K, V tiles of BN keys up to
 // the causal diagonal through 3 stages. Per tile and consumer warpgroup:
@@ -63,7 +66,8 @@
 // dQ times scale at the store.
 // Both kernels stage their bf16 results through their own (dead) rows of the resident tiles for 16-byte stores.
 // Against the cp.async version (every thread loading its share, one __syncthreads per item), measured on an H100
-// (dev/cuda/attention_backward.cu v5 -> v10): 216 -> 243, 337 -> 398, 340-352 -> 399-426 TFLOP/s.
+// (dev/cuda/attention_backward.cu v5 -> v10, TFLOP/s at the three timing shapes): 215-219 -> 262-266, 336-341 ->
+// 427-432, 340-361 -> 424-457.
 
 #pragma once
 

@@ -158,18 +158,20 @@
 //       ~52% tensor-pipe utilisation with half the issue slots busy (each thread's cp.async address and swizzle
 //       arithmetic) and a __syncthreads per item. dK/dV 58% of v5's time there, dQ 42%. Registers: 168 at launch
 //       (384 x 168 = 128 x 24 + 256 x 240), no spills. Correct on every validation shape, bit-for-bit reruns,
-//       compute-sanitizer memcheck 0 errors. Measured on an NVIDIA H100 (v5 in the same runs 215-219 / 336-341 /
-//       340-361):
-//         (4, 2048, 32, 8, 64):  242-248 TFLOP/s
-//         (2, 4096, 32, 8, 128): 394-402 TFLOP/s
-//         (1, 8192, 32, 8, 128): 399-432 TFLOP/s (this shape moves most between runs)
-//       and on an NVIDIA H200 (one run; v5 217 / 337 / 353): 247 / 400 / 399.
-//       Tried, not kept: (a) dK's wgmma left running into the next item, as v5 does: ptxas then serialises every
-//       wgmma of the kernel (C7515, whether the stage is released after the next item's first or second wait, with
-//       or without the skip branch, even with a warpgroup barrier at the top of the item), 232 / 365 / 371, slower
-//       than waiting for dK inside its item; (b) dQ's wgmma left running into the next tile (no C7515 there): 246 /
-//       396-399 / 424-431 against 246-248 / 400-402 / 411-415 in the same run, inside the noise; (c) a 4th dQ stage:
-//       no change; (d) lse and D read as float2 pairs in the dK/dV kernel: 186-190 / 318-328 / 344-347 (slower).
+//       compute-sanitizer memcheck 0 errors; the same bits as v5 (the 1B's losses match the old build's).
+//       Steps, NVIDIA H100, TFLOP/s at the three timing shapes (v5 in the same runs 215-219 / 336-341 / 340-361):
+//         first version (dK waited for inside its item):                               242-248 / 394-402 / 399-432
+//         + dK left running into the next item at hd 64, the consumers' warpgroup index through a shuffle and
+//           mbarrier_wait's loop in PTX (without both, ptxas serialises the kernel's wgmmas once dK runs on, C7515;
+//           with them hd 128 is faster too, though there dK still waits inside its item):   259-260 / 415-420 / 423-444
+//         + the dQ kernel's warpgroup index through a shuffle:                         262-266 / 427-432 / 424-457
+//           (the build before it, in the same runs: 256-258 / 410-413 / 421-439; (1, 8192) moves most between runs)
+//       On an NVIDIA H200, the first version: 247 / 400 / 399 (v5 217 / 337 / 353).
+//       Tried, not kept: (a) dK running on at hd 128 (with the shuffle and the PTX wait): 382-387 / 406-408 against
+//       398-404 / 400-429, the registers it keeps alive (dS^T) crowd the consumers' 240; before the shuffle and
+//       the PTX wait, dK running on at both head dims: 232 / 365 / 371 (serialised, C7515); (b) dQ's wgmma left
+//       running into the next tile: inside the noise, before and after the shuffle; (c) a 4th dQ stage: no
+//       change; (d) lse and D read as float2 pairs in the dK/dV kernel: 186-190 / 318-328 / 344-347 (slower).
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py (--backward v6 for this version).
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
