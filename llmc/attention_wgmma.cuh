@@ -105,6 +105,22 @@ __host__ __device__ constexpr bool wgmma_dq_q_in_registers(int hd) { return hd =
 // ----------------------------------------------------------------------------------------------------------------
 // Tile helpers
 
+// Thread 0 initialises a warp-specialised kernel's mbarriers: `once` (1 arrival: the tiles loaded once), and per
+// stage full[s] (full_count arrivals) and empty[s] (one per consumer thread); then the CTA-wide barrier that
+// publishes them, the kernel's last (after it the warpgroups part ways).
+__device__ __forceinline__ void wgmma_init_barriers(uint32_t once, uint32_t full0, uint32_t empty0, int stages,
+                                                    uint32_t full_count) {
+    if (threadIdx.x == 0) {
+        mbarrier_init(once, 1);
+        for (int s = 0; s < stages; s++) {
+            mbarrier_init(full0 + 8 * s, full_count);
+            mbarrier_init(empty0 + 8 * s, WGMMA_CONSUMERS);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+}
+
 // Stores a warpgroup's 64 x HD fp32 accumulator (times mult) as bf16 to global rows r0 .. r0 + 63 (skipping rows
 // >= T; dst: row 0, column 0 of the head), staged through rows 64 wg .. 64 wg + 63 of a swizzled smem tile of R rows
 // (wg: the consumer warpgroup's index, 0 or 1).
@@ -286,15 +302,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     const int q0 = (gridDim.y - 1 - blockIdx.y) * WGMMA_ROWS;   // the longest (last) query tiles are scheduled first
     const int n_tiles = ceil_div(min(q0 + WGMMA_ROWS, T), BN);  // causal: keys up to the CTA's last query
 
-    if (threadIdx.x == 0) {
-        mbarrier_init(q_full, 1);
-        for (int s = 0; s < STAGES; s++) {
-            mbarrier_init(full0 + 8 * s, 1);
-            mbarrier_init(empty0 + 8 * s, WGMMA_CONSUMERS);
-        }
-        fence_mbarrier_init();
-    }
-    __syncthreads();  // the barriers are initialised before anyone uses them (the last CTA-wide barrier)
+    wgmma_init_barriers(q_full, full0, empty0, STAGES, 1);
 
     if (threadIdx.x < 128) {  // producer warpgroup
         setmaxnreg_dec<WGMMA_PRODUCER_REGS>();
@@ -504,15 +512,8 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     // Items (query head of the group, query tile from the diagonal); k0 is a multiple of BQ.
     const int n_q = ceil_div(T - k0, BQ), n_items = group * n_q;
 
-    if (threadIdx.x == 0) {
-        mbarrier_init(kv_full, 1);
-        for (int s = 0; s < S; s++) {
-            mbarrier_init(full0 + 8 * s, 1 + BQ);  // the TMA thread's arrive.expect_tx + one per lse / D thread
-            mbarrier_init(empty0 + 8 * s, WGMMA_CONSUMERS);
-        }
-        fence_mbarrier_init();
-    }
-    __syncthreads();
+    // full[s]: the TMA thread's arrive.expect_tx and one arrival per lse / D thread
+    wgmma_init_barriers(kv_full, full0, empty0, S, 1 + BQ);
 
     if (threadIdx.x < 128) {  // producer warpgroup
         setmaxnreg_dec<WGMMA_PRODUCER_REGS>();
@@ -699,15 +700,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     const int q0 = (gridDim.y - 1 - blockIdx.y) * ROWS;  // the longest (last) query tiles are scheduled first
     const int n_tiles = ceil_div(min(q0 + ROWS, T), BN);  // causal: keys up to the CTA's last query
 
-    if (threadIdx.x == 0) {
-        mbarrier_init(q_full, 1);
-        for (int s = 0; s < S; s++) {
-            mbarrier_init(full0 + 8 * s, 1);
-            mbarrier_init(empty0 + 8 * s, WGMMA_CONSUMERS);
-        }
-        fence_mbarrier_init();
-    }
-    __syncthreads();
+    wgmma_init_barriers(q_full, full0, empty0, S, 1);
 
     if (threadIdx.x < 128) {  // producer warpgroup
         setmaxnreg_dec<WGMMA_PRODUCER_REGS>();
