@@ -33,7 +33,7 @@
 constexpr double LOGITS_MAX_REL = 1e-4, LOGITS_REL_NORM = 1e-5, GRAD_MAX_REL = 1e-4, GRAD_REL_NORM = 1e-5;
 constexpr double LOSS_TOL = 1e-5, STEP_LOSS_TOL = 5e-5, NORM_REL_TOL = 1e-4;
 // the BF16 build's: BF16_MULTIPLE times PyTorch's bf16 autocast error, plus a floor of one bf16 rounding (u = 2^-9)
-constexpr double BF16_MULTIPLE = 4.0, BF16_FLOOR = 1.0 / 512;
+[[maybe_unused]] constexpr double BF16_MULTIPLE = 4.0, BF16_FLOOR = 1.0 / 512;  // unused in the FP32 build
 
 static TieOutChecks checks;
 
