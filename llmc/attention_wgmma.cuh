@@ -202,6 +202,42 @@ __device__ __forceinline__ void wgmma_scores_rs(float (&d)[N / 2], const uint32_
     wgmma_commit_group();
 }
 
+// P^T of a dK/dV item in place of its S^T fragment: rows are the thread's keys key0, key0 + 8, columns the item's BQ
+// queries from q0 (element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2);
+// P^T = exp2(S^T scale log2 e - lse log2 e), 0 where key > query or query >= T. kwg: the warpgroup's first key.
+// lse_t: the item's lse, times lse_mult (1 where it is stored times log2 e already, log2 e where not).
+template <int BQ>
+__device__ __forceinline__ void attention_backward_probs_t(float (&s)[BQ / 2], const float* lse_t, float lse_mult,
+                                                           float scale_log2, int q0, int kwg, int key0, int c, int T) {
+    const bool need_mask = kwg + 63 > q0 || q0 + BQ > T;  // warpgroup-uniform
+#pragma unroll
+    for (int i = 0; i < BQ / 2; i++) {
+        const int qi = 8 * (i / 4) + c + i % 2;
+        float p = exp2f(fmaf(s[i], scale_log2, -lse_t[qi] * lse_mult));
+        if (need_mask) {
+            const int q = q0 + qi, key = key0 + 8 * ((i / 2) % 2);
+            if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
+        }
+        s[i] = p;
+    }
+}
+
+// acc (64 x HD) += A B over N: A = the 64 x N fp32 fragment `from` packed into the bf16 A registers `a` (which the
+// caller keeps until the group is waited for), B = an N x HD tile at b_tile, MN-major (its k16 slice kk starts at row
+// 16 kk, byte 2048 kk); one commit group.
+template <int HD, int N>
+__device__ __forceinline__ void wgmma_accumulate_rs(float (&acc)[HD / 2], uint32_t (&a)[N / 16][4],
+                                                    const float (&from)[N / 2], uint32_t b_tile) {
+    wgmma_acc_to_a<N>(a, from);
+    pin_registers(a);
+    pin_registers(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++)
+        wgmma_bf16_rs(acc, a[kk], wgmma_desc_sw128(b_tile + 2048 * kk, N * 128, 1024), 1);
+    wgmma_commit_group();
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // Forward
 
@@ -598,27 +634,9 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             pin_registers(dsa);
             pin_registers(dk);
         }
-        const bool need_mask = kwg + 63 > q0 || q0 + BQ > T;
-#pragma unroll
-        for (int i = 0; i < BQ / 2; i++) {
-            const int qi = 8 * (i / 4) + c + i % 2;
-            float p = exp2f(fmaf(s[i], scale_log2, -lse_t[qi]));
-            if (need_mask) {
-                const int q = q0 + qi, key = key0 + 8 * ((i / 2) % 2);
-                if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
-            }
-            s[i] = p;
-        }
-        // dV += P^T dO: B = the dO tile, MN-major; its k16 slice kk (queries 16 kk ..) starts at row 16 kk.
+        attention_backward_probs_t<BQ>(s, lse_t, 1.0f, scale_log2, q0, kwg, key0, c, T);
         uint32_t pa[BQ / 16][4];
-        wgmma_acc_to_a<BQ>(pa, s);
-        pin_registers(pa);
-        pin_registers(dv);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++)
-            wgmma_bf16_rs(dv, pa[kk], wgmma_desc_sw128(do_st + 2048 * kk, BQ * 128, 1024), 1);
-        wgmma_commit_group();
+        wgmma_accumulate_rs<HD, BQ>(dv, pa, s, do_st);  // dV += P^T dO
 
         // dS^T (dP^T is done once only the dV group may be outstanding), then dK += dS^T Q.
         wgmma_wait_group<1>();
@@ -628,14 +646,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
         }
 #pragma unroll
         for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
-        wgmma_acc_to_a<BQ>(dsa, dp);
-        pin_registers(dsa);
-        pin_registers(dk);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++)
-            wgmma_bf16_rs(dk, dsa[kk], wgmma_desc_sw128(q_st + 2048 * kk, BQ * 128, 1024), 1);
-        wgmma_commit_group();
+        wgmma_accumulate_rs<HD, BQ>(dk, dsa, dp, q_st);  // dK += dS^T Q
         if constexpr (DK_RUNS_ON) {
             wgmma_wait_group<1>();  // dV done; dK runs on into the next item, which releases this stage
             pin_registers(pa);
@@ -789,14 +800,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) dp[i] = s[i] * (dp[i] - D[(i / 2) % 2]);
         uint32_t dsa[BN / 16][4];
-        wgmma_acc_to_a<BN>(dsa, dp);
-        pin_registers(dsa);
-        pin_registers(dq);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-            wgmma_bf16_rs(dq, dsa[kk], wgmma_desc_sw128(k_st + 2048 * kk, BN * 128, 1024), 1);
-        wgmma_commit_group();
+        wgmma_accumulate_rs<HD, BN>(dq, dsa, dp, k_st);
         wgmma_wait_group<0>();
         pin_registers(dsa);
         pin_registers(dq);

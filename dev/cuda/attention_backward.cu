@@ -972,41 +972,16 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         pin_registers(s);
         pin_registers(dsa);  // the previous item's dK is done with them
         pin_registers(dk);
-        const bool need_mask = kwg + 63 > q0 || q0 + BQ > T;
-#pragma unroll
-        for (int i = 0; i < BQ / 2; i++) {
-            const int qi = 8 * (i / 4) + c + i % 2;
-            float p = exp2f(fmaf(s[i], scale_log2, -lse_t[qi] * ATTN_LOG2E));
-            if (need_mask) {
-                const int q = q0 + qi, key = key0 + 8 * ((i / 2) % 2);
-                if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
-            }
-            s[i] = p;
-        }
-        // dV += P^T dO: B = the dO tile, MN-major; its k16 slice kk (queries 16 kk ..) starts at row 16 kk.
+        attention_backward_probs_t<BQ>(s, lse_t, ATTN_LOG2E, scale_log2, q0, kwg, key0, c, T);
         uint32_t pa[BQ / 16][4];
-        wgmma_acc_to_a<BQ>(pa, s);
-        pin_registers(pa);
-        pin_registers(dv);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++)
-            wgmma_bf16_rs(dv, pa[kk], wgmma_desc_sw128(do_st + 2048 * kk, BQ * 128, 1024), 1);
-        wgmma_commit_group();
+        wgmma_accumulate_rs<HD, BQ>(dv, pa, s, do_st);  // dV += P^T dO
 
         // dS^T (dP^T is done once only the dV group may be outstanding), then dK += dS^T Q.
         wgmma_wait_group<1>();
         pin_registers(dp);
 #pragma unroll
         for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
-        wgmma_acc_to_a<BQ>(dsa, dp);
-        pin_registers(dsa);
-        pin_registers(dk);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++)
-            wgmma_bf16_rs(dk, dsa[kk], wgmma_desc_sw128(q_st + 2048 * kk, BQ * 128, 1024), 1);
-        wgmma_commit_group();
+        wgmma_accumulate_rs<HD, BQ>(dk, dsa, dp, q_st);  // dK += dS^T Q
         wgmma_wait_group<1>();  // dV done; dK runs on into the next item
         pin_registers(pa);
         pin_registers(dv);
@@ -1122,14 +1097,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) dp[i] = s[i] * (dp[i] - D[(i / 2) % 2]);
         uint32_t dsa[BN / 16][4];
-        wgmma_acc_to_a<BN>(dsa, dp);
-        pin_registers(dsa);
-        pin_registers(dq);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-            wgmma_bf16_rs(dq, dsa[kk], wgmma_desc_sw128(k_st + 2048 * kk, BN * 128, 1024), 1);
-        wgmma_commit_group();
+        wgmma_accumulate_rs<HD, BN>(dq, dsa, dp, k_st);
         wgmma_wait_group<0>();
         pin_registers(dsa);
         pin_registers(dq);

@@ -161,27 +161,9 @@ __device__ __forceinline__ void backward_onepass_item(float (&dk)[HD / 2], float
     // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2.
     wgmma_wait_group<1>();
     pin_registers(s);
-    const bool need_mask = kwg + 63 > q0 || q0 + BQ > T;
-#pragma unroll
-    for (int i = 0; i < BQ / 2; i++) {
-        const int qi = 8 * (i / 4) + c + i % 2;
-        float p = exp2f(fmaf(s[i], scale_log2, -lse_t[qi] * ATTN_LOG2E));
-        if (need_mask) {
-            const int q = q0 + qi, key = key0 + 8 * ((i / 2) % 2);
-            if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
-        }
-        s[i] = p;
-    }
-    // dV += P^T dO: B = the dO tile, MN-major; its k16 slice kk (queries 16 kk ..) starts at row 16 kk.
+    attention_backward_probs_t<BQ>(s, lse_t, ATTN_LOG2E, scale_log2, q0, kwg, key0, c, T);
     uint32_t pa[BQ / 16][4];
-    wgmma_acc_to_a<BQ>(pa, s);
-    pin_registers(pa);
-    pin_registers(dv);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BQ / 16; kk++)
-        wgmma_bf16_rs(dv, pa[kk], wgmma_desc_sw128(do_st + 2048 * kk, BQ * 128, 1024), 1);
-    wgmma_commit_group();
+    wgmma_accumulate_rs<HD, BQ>(dv, pa, s, do_st);  // dV += P^T dO
 
     // dS^T (dP^T is done once only the dV group may be outstanding); dK += dS^T Q; dS^T into smem.
     wgmma_wait_group<1>();
@@ -189,14 +171,7 @@ __device__ __forceinline__ void backward_onepass_item(float (&dk)[HD / 2], float
 #pragma unroll
     for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
     uint32_t dsa[BQ / 16][4];
-    wgmma_acc_to_a<BQ>(dsa, dp);
-    pin_registers(dsa);
-    pin_registers(dk);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BQ / 16; kk++)
-        wgmma_bf16_rs(dk, dsa[kk], wgmma_desc_sw128(q_st + 2048 * kk, BQ * 128, 1024), 1);
-    wgmma_commit_group();
+    wgmma_accumulate_rs<HD, BQ>(dk, dsa, dp, q_st);  // dK += dS^T Q
     // Fragment kk holds rows (keys) g, g + 8 of the warp's slice, queries 16 kk + c (chunk 2 kk) and
     // 16 kk + 8 + c (chunk 2 kk + 1): the same 32-bit stores as wgmma_store_rows, conflict-free.
     const int lr = 64 * wg + 16 * warp + g;
