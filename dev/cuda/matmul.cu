@@ -267,8 +267,9 @@ static void time_algos(const char* name, const AlgoProblem& problem) {
 // configurations accepted per product. Timed alone, tiles such as 128x168 and 192x112 beat the first choice by 8-39%
 // (qkv forward 709-735 -> 775-809 TFLOP/s, w2 dinp 589-685 -> 818-823), all with the first choice's bits. But the
 // same configuration timed twice alone differs by up to 15%; sustained, the H100 sits at its 700 W power cap (SM
-// clock 1.25-1.8 GHz instead of 1.98, throttle reason "SW power cap"), as it does through a whole training step, and
-// the ten fastest spread over 592-740 (qkv forward) and 656-738 (w2 dinp) against the first choice's 681 and 644.
+// clock mostly 1.3-1.8 GHz instead of 1.98, throttle reason "SW power cap"), as it does through a whole training
+// step, and the ten fastest spread over 592-740 (qkv forward) and 656-738 (w2 dinp) against the first choice's 681
+// and 644.
 // The trainer with this search in matmul.cuh (the heuristic's answers and ~700 configurations of its kernel: every
 // candidate once, then the best 8 three times, the fastest with the first answer's bits kept; beta = 1 products
 // searched on the zeroed gradients of the first step) gave the same losses bit for bit and no faster 1B step
