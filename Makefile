@@ -91,7 +91,7 @@ CUDA_TARGETS = train_llama3cu test_llama3cu
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c GPU)
 
-.PHONY: all cpu cuda test run data finetune clean deps require_gpu
+.PHONY: all cpu cuda test run data finetune clean deps cutlass require_gpu
 
 all: cpu $(if $(HAVE_NVCC),cuda,)
 
@@ -174,9 +174,23 @@ finetune: train_llama3cu
 	$(PYTHON) scripts/plot_loss.py $(FT_RUN_DIR)/log.txt $(FT_RUN_DIR)/loss.png
 	$(PYTHON) scripts/convert_hf.py tokenizer "$(LLAMA3_TOKENIZER)" $(EXPORT_DIR)
 
-deps:
+deps: cutlass
 	mkdir -p .deps && cp -r /usr/include/nlohmann .deps/
 	cp /usr/share/doc/nlohmann-json3-dev/copyright .deps/nlohmann/LICENSE
+
+# CUTLASS headers for dev/cuda/matmul_cutlass.cu, from the nvidia-cutlass wheel on PyPI: only its C++ headers (and
+# license) are used, so its Python dependencies are not installed.
+CUTLASS_VERSION := 4.2.0.0
+CUTLASS_HEADER := .deps/cutlass/cutlass_library/source/include/cutlass/cutlass.h
+cutlass: $(CUTLASS_HEADER)
+$(CUTLASS_HEADER):
+	rm -rf .deps/cutlass && mkdir -p .deps/cutlass/wheel
+	python3 -m pip download -q --no-deps nvidia-cutlass==$(CUTLASS_VERSION) -d .deps/cutlass/wheel
+	python3 -c "import glob, zipfile; \
+	    wheel = zipfile.ZipFile(glob.glob('.deps/cutlass/wheel/*.whl')[0]); \
+	    keep = ('cutlass_library/source/include/', 'cutlass_library/source/tools/util/include/'); \
+	    [wheel.extract(n, '.deps/cutlass') for n in wheel.namelist() if n.startswith(keep) or n.endswith('LICENSE.txt')]"
+	rm -rf .deps/cutlass/wheel
 
 clean:
 	rm -f $(CPU_TARGETS) $(CUDA_TARGETS) .precision_* .use_mpi_*

@@ -26,8 +26,12 @@ def kernel_dir(tmp_path_factory):
     shutil.copytree(Path(ROOT, "dev", "cpu"), out / "dev" / "cpu")  # the CPU reference the checks compare against
     shutil.copytree(Path(ROOT, "dev", "cuda"), out / "dev" / "cuda", ignore=shutil.ignore_patterns("bin"))
     cuda_dir = out / "dev" / "cuda"
-    result = subprocess.run(["make", "-j", str(os.cpu_count() or 4), "all"], cwd=cuda_dir, capture_output=True,
-                            text=True)
+    # matmul_cutlass.cu's headers: fetched once into the repo's .deps/ (a carried copy is used as it is)
+    fetch = subprocess.run(["make", "cutlass"], cwd=ROOT, capture_output=True, text=True)
+    assert fetch.returncode == 0, fetch.stdout[-4000:] + fetch.stderr[-4000:]
+    cutlass_dir = Path(ROOT, ".deps", "cutlass", "cutlass_library", "source")
+    result = subprocess.run(["make", "-j", str(os.cpu_count() or 4), "all", f"CUTLASS_DIR={cutlass_dir}"],
+                            cwd=cuda_dir, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return cuda_dir
 
