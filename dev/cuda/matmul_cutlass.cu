@@ -14,9 +14,9 @@
 //   "1x2": cluster 1x2 instead of 2x1.
 // The CUTLASS headers come from the nvidia-cutlass wheel (`make cutlass` in the repo root puts them in .deps/).
 //
-// Checks: each configuration against a CPU reference in double on a small odd-free shape (and its rows of the
-// timing shape), and against cuBLASLt's output on every timed shape (relative error norm; the two sum in different
-// orders, then round to bf16). Outputs are poisoned before each check.
+// Checks (common.h's validate: relative error norm, every element finite): each configuration against a CPU
+// reference in double (every row of a small product, a few rows of the 1B qkv product and of a classifier chunk),
+// and against cuBLASLt's whole output on the same products. Outputs are poisoned (NaN) before each check.
 // Timing: the median of 50 back-to-back runs per shape and kernel, cuBLASLt first then each CUTLASS kernel, then all
 // again in reverse order (the GPU runs at its power cap in these, so order matters). Random inputs: at the cap, the
 // operands' bits move the speed (constant inputs ran 15% faster in a probe, dev/NOTES.md).
@@ -144,27 +144,12 @@ Variant make_variant(const char* name) {
             [] { config.run(); }};
 }
 
-// Relative error norm ||a - b|| / ||b|| over n elements.
-static double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-    double diff = 0.0, ref = 0.0;
-    for (size_t i = 0; i < a.size(); i++) {
-        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        ref += (double)b[i] * b[i];
-    }
-    return sqrt(diff / std::max(ref, 1e-300));
-}
-
 // bf16 outputs of fp32 sums: one rounding (2^-9 relative at most, ~2^-10 as a norm) plus the summation order.
 constexpr double TOLERANCE = 4e-3;
 
-static void check(const char* what, const char* name, double err) {
-    bool ok = err <= TOLERANCE;
-    printf("  %-22s %-18s relative error %.2e %s\n", what, name, err, ok ? "ok" : "FAILED");
-    if (!ok) g_failures++;
-}
-
-// Every variant against the CPU (in double) on rows of an (M, N, K) product, and against cuBLASLt on all of it.
-static void validate(const std::vector<Variant>& variants, int M, int N, int K, int cpu_rows) {
+// Every variant against the CPU (in double) on cpu_rows rows of an (M, N, K) product, and against cuBLASLt on all
+// of it; cuBLASLt itself against the CPU too.
+static void validate_shape(const std::vector<Variant>& variants, int M, int N, int K, int cpu_rows) {
     std::vector<float> inp = round_to_floatX(random_floats((size_t)M * K, 11, 1.0f));
     std::vector<float> weight = round_to_floatX(random_floats((size_t)N * K, 12, 0.05f));
     floatX* d_inp = device_from_host<floatX>(inp);
@@ -175,37 +160,38 @@ static void validate(const std::vector<Variant>& variants, int M, int N, int K, 
     poison(d_ref, (size_t)M * N * sizeof(floatX));
     matmul_forward(d_ref, d_inp, d_weight, M, K, N, 0);
     std::vector<float> ref = host_from_device(d_ref, (size_t)M * N);
-    // the CPU on cpu_rows rows spread over M
-    std::vector<int> rows;
+    std::vector<int> rows;  // spread over M, first and last included
     for (int i = 0; i < cpu_rows; i++) rows.push_back((int)((long long)i * (M - 1) / std::max(cpu_rows - 1, 1)));
-    std::vector<float> cpu_part, ref_part;
+    auto rows_of = [&](const std::vector<float>& full) {
+        std::vector<float> part;
+        for (int r : rows) part.insert(part.end(), full.begin() + (size_t)r * N, full.begin() + (size_t)(r + 1) * N);
+        return part;
+    };
+    std::vector<float> cpu;
     for (int r : rows) {
         for (int n = 0; n < N; n++) {
             double sum = 0.0;
             for (int k = 0; k < K; k++) sum += (double)inp[(size_t)r * K + k] * weight[(size_t)n * K + k];
-            cpu_part.push_back((float)sum);
-            ref_part.push_back(ref[(size_t)r * N + n]);
+            cpu.push_back((float)sum);
         }
     }
-    char what[64];
-    snprintf(what, sizeof(what), "(%d, %d, %d) vs CPU", M, N, K);
-    check(what, "cuBLASLt", relative_error(ref_part, cpu_part));
+    printf(" (%d, %d, %d), %d rows on the CPU\n", M, N, K, (int)rows.size());
+    validate("cuBLASLt vs CPU", rows_of(ref), cpu, TOLERANCE);
     for (const Variant& v : variants) {
         poison(d_out, (size_t)M * N * sizeof(floatX));
+        char name[64];
         if (!v.setup(d_out, d_inp, d_weight, M, N, K)) {
-            printf("  %-22s %-18s cannot run this shape: FAILED\n", what, v.name);
+            printf("  %s cannot run this shape: FAIL\n", v.name);
             g_failures++;
             continue;
         }
         v.run();
         cudaCheck(cudaDeviceSynchronize());
         std::vector<float> out = host_from_device(d_out, (size_t)M * N);
-        std::vector<float> out_part;
-        for (int r : rows) out_part.insert(out_part.end(), out.begin() + (size_t)r * N, out.begin() + (size_t)(r + 1) * N);
-        check(what, v.name, relative_error(out_part, cpu_part));
-        snprintf(what, sizeof(what), "(%d, %d, %d) vs cuBLASLt", M, N, K);
-        check(what, v.name, relative_error(out, ref));
-        snprintf(what, sizeof(what), "(%d, %d, %d) vs CPU", M, N, K);
+        snprintf(name, sizeof(name), "%s vs CPU", v.name);
+        validate(name, rows_of(out), cpu, TOLERANCE);
+        snprintf(name, sizeof(name), "%s vs cuBLASLt", v.name);
+        validate(name, out, ref, TOLERANCE);
     }
     cudaCheck(cudaFree(d_inp));
     cudaCheck(cudaFree(d_weight));
@@ -261,9 +247,9 @@ int main(int argc, char** argv) {
                                      make_variant<Coop128x256Cluster1x2Swizzle8>("coop 128x256 1x2 sw8"),
                                      make_variant<Coop256x128Cluster1x2Swizzle8>("coop 256x128 1x2 sw8")};
     printf("validation\n");
-    validate(variants, 256, 384, 512, 256);       // every row on the CPU
-    validate(variants, 16384, 3072, 2048, 4);     // the 1B's qkv product (4 rows on the CPU)
-    validate(variants, 2093, 128256, 2048, 2);    // a classifier chunk: M not a multiple of any tile
+    validate_shape(variants, 256, 384, 512, 256);     // every row on the CPU
+    validate_shape(variants, 16384, 3072, 2048, 4);   // the 1B's qkv product
+    validate_shape(variants, 2093, 128256, 2048, 2);  // a classifier chunk: M not a multiple of any tile
 
     printf("timing, TFLOP/s (median of 50 back-to-back runs): cuBLASLt");
     for (const Variant& v : variants) printf(" | %s", v.name);
