@@ -177,15 +177,23 @@ __device__ __forceinline__ void wgmma_load_a_frags(uint32_t (&a)[HD / 16][4], co
     }
 }
 
-// 64 x N = (64 x HD) (N x HD)^T over the HD / 16 k16 slices, one commit group. A: the warpgroup's rows of a resident
-// swizzled tile of R rows at a_tile (from shared memory); B: a swizzled tile of N rows at b_tile, K-major.
+// Descriptors of the operands below (ptx.cuh's file comment): a swizzled tile read K-major (S = Q K^T: Q rows as A,
+// K rows as B), and one read MN-major with column blocks of `rows` rows (V, dO, Q, K as the B of P V, dS K, ...).
+// Built once per tile (or per warpgroup); the k16 slices are reached with wgmma_desc_advance.
+__device__ __forceinline__ uint64_t wgmma_desc_kmajor(uint32_t tile) { return wgmma_desc_sw128(tile, 16, 1024); }
+__device__ __forceinline__ uint64_t wgmma_desc_mnmajor(uint32_t tile, int rows) {
+    return wgmma_desc_sw128(tile, rows * 128, 1024);
+}
+
+// 64 x N = (64 x HD) (N x HD)^T over the HD / 16 k16 slices, one commit group. A: the warpgroup's 64 rows of a
+// resident swizzled tile of R rows (a: wgmma_desc_kmajor of its first row); B: a swizzled tile of N rows, K-major
+// (b: wgmma_desc_kmajor). Slice kk sits in column block kk / 4, 32 (kk % 4) bytes into the row.
 template <int HD, int R, int N>
-__device__ __forceinline__ void wgmma_scores_ss(float (&d)[N / 2], uint32_t a_tile, uint32_t b_tile, int wg) {
+__device__ __forceinline__ void wgmma_scores_ss(float (&d)[N / 2], uint64_t a, uint64_t b) {
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
-        const uint64_t db = wgmma_desc_sw128(b_tile + (kk / 4) * (N * 128) + 32 * (kk % 4), 16, 1024);
-        wgmma_bf16_ss(d, wgmma_desc_sw128(a_tile + (kk / 4) * (R * 128) + 64 * wg * 128 + 32 * (kk % 4), 16, 1024),
-                      db, kk > 0);
+        wgmma_bf16_ss(d, wgmma_desc_advance(a, (kk / 4) * (R * 128) + 32 * (kk % 4)),
+                      wgmma_desc_advance(b, (kk / 4) * (N * 128) + 32 * (kk % 4)), kk > 0);
     }
     wgmma_commit_group();
 }
@@ -193,48 +201,72 @@ __device__ __forceinline__ void wgmma_scores_ss(float (&d)[N / 2], uint32_t a_ti
 // The same with A from registers: the warpgroup's fragments (wgmma_load_a_frags).
 template <int HD, int N>
 __device__ __forceinline__ void wgmma_scores_rs(float (&d)[N / 2], const uint32_t (&a_frags)[HD / 16][4],
-                                                uint32_t b_tile) {
+                                                uint64_t b) {
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
-        const uint64_t db = wgmma_desc_sw128(b_tile + (kk / 4) * (N * 128) + 32 * (kk % 4), 16, 1024);
-        wgmma_bf16_rs<0>(d, a_frags[kk], db, kk > 0);
+        wgmma_bf16_rs<0>(d, a_frags[kk], wgmma_desc_advance(b, (kk / 4) * (N * 128) + 32 * (kk % 4)), kk > 0);
     }
     wgmma_commit_group();
 }
 
 // P^T of a dK/dV item in place of its S^T fragment: rows are the thread's keys key0, key0 + 8, columns the item's BQ
 // queries from q0 (element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2);
-// P^T = exp2(S^T scale log2 e - lse log2 e), 0 where key > query or query >= T. kwg: the warpgroup's first key.
-// lse_t: the item's lse, times lse_mult (1 where it is stored times log2 e already, log2 e where not).
-template <int BQ>
+// P^T = exp2(S^T scale log2 e - lse log2 e), 0 where key > query or query >= T (MASK: the caller's item has such
+// elements). lse_t: the item's lse, times lse_mult (1 where it is stored times log2 e already, log2 e where not).
+template <int BQ, bool MASK>
 __device__ __forceinline__ void attention_backward_probs_t(float (&s)[BQ / 2], const float* lse_t, float lse_mult,
-                                                           float scale_log2, int q0, int kwg, int key0, int c, int T) {
-    const bool need_mask = kwg + 63 > q0 || q0 + BQ > T;  // warpgroup-uniform
+                                                           float scale_log2, int q0, int key0, int c, int T) {
 #pragma unroll
     for (int i = 0; i < BQ / 2; i++) {
         const int qi = 8 * (i / 4) + c + i % 2;
         float p = exp2f(fmaf(s[i], scale_log2, -lse_t[qi] * lse_mult));
-        if (need_mask) {
+        if constexpr (MASK) {
             const int q = q0 + qi, key = key0 + 8 * ((i / 2) % 2);
             if (key > q || q >= T) p = 0.0f;  // select, not multiply: p may be inf where masked
         }
         s[i] = p;
     }
 }
+// P of a dQ tile in place of its S fragment: rows are the thread's queries row0, row0 + 8, columns the tile's BN keys
+// from k0 (element i: query row0 + 8 ((i / 2) % 2), key k0 + 8 (i / 4) + c + i % 2); P = exp2(S scale log2 e - lse2),
+// lse2: the two rows' lse times log2 e; 0 where key > query (MASK: the caller's tile has such elements). Keys >= T
+// need no test of their own: they follow every valid query.
+template <int BN, bool MASK>
+__device__ __forceinline__ void attention_backward_probs(float (&s)[BN / 2], const float (&lse2)[2], float scale_log2,
+                                                         int k0, int row0, int c) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) {
+        const int r = (i / 2) % 2;
+        float p = exp2f(fmaf(s[i], scale_log2, -lse2[r]));
+        if (MASK && k0 + 8 * (i / 4) + c + i % 2 > row0 + 8 * r) p = 0.0f;
+        s[i] = p;
+    }
+}
+// The dK/dV form again, masking only where the item needs it (kwg: the warpgroup's first key). The test sits outside the loop:
+// inside it, ptxas turned it into predicated selects on every item (a third of the dK/dV kernel's instructions),
+// where only the diagonal items and the last query tile need them.
+template <int BQ>
+__device__ __forceinline__ void attention_backward_probs_t(float (&s)[BQ / 2], const float* lse_t, float lse_mult,
+                                                           float scale_log2, int q0, int kwg, int key0, int c, int T) {
+    if (kwg + 63 > q0 || q0 + BQ > T) {  // warpgroup-uniform
+        attention_backward_probs_t<BQ, true>(s, lse_t, lse_mult, scale_log2, q0, key0, c, T);
+    } else {
+        attention_backward_probs_t<BQ, false>(s, lse_t, lse_mult, scale_log2, q0, key0, c, T);
+    }
+}
 
 // acc (64 x HD) += A B over N: A = the 64 x N fp32 fragment `from` packed into the bf16 A registers `a` (which the
-// caller keeps until the group is waited for), B = an N x HD tile at b_tile, MN-major (its k16 slice kk starts at row
-// 16 kk, byte 2048 kk); one commit group.
+// caller keeps until the group is waited for), B = an N x HD tile read MN-major (b: wgmma_desc_mnmajor(tile, N); its
+// k16 slice kk starts at row 16 kk, byte 2048 kk); one commit group.
 template <int HD, int N>
 __device__ __forceinline__ void wgmma_accumulate_rs(float (&acc)[HD / 2], uint32_t (&a)[N / 16][4],
-                                                    const float (&from)[N / 2], uint32_t b_tile) {
+                                                    const float (&from)[N / 2], uint64_t b) {
     wgmma_acc_to_a<N>(a, from);
     pin_registers(a);
     pin_registers(acc);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < N / 16; kk++)
-        wgmma_bf16_rs(acc, a[kk], wgmma_desc_sw128(b_tile + 2048 * kk, N * 128, 1024), 1);
+    for (int kk = 0; kk < N / 16; kk++) wgmma_bf16_rs(acc, a[kk], wgmma_desc_advance(b, 2048 * kk), 1);
     wgmma_commit_group();
 }
 
@@ -302,14 +334,13 @@ __device__ __forceinline__ void attention_forward_wgmma_rescale(float (&o)[HD / 
     }
 }
 
-// O += P V over the tile's 128 keys, one commit group: the V k16 slice kk is rows 16 kk (byte 2048 kk), MN-major.
+// O += P V over the tile's 128 keys, one commit group: v = wgmma_desc_mnmajor of the V tile; its k16 slice kk is rows
+// 16 kk (byte 2048 kk).
 template <int HD>
 __device__ __forceinline__ void attention_forward_wgmma_pv(float (&o)[HD / 2],
-                                                           const uint32_t (&p)[WGMMA_FWD_KEYS / 16][4], uint32_t v_st) {
+                                                           const uint32_t (&p)[WGMMA_FWD_KEYS / 16][4], uint64_t v) {
 #pragma unroll
-    for (int kk = 0; kk < WGMMA_FWD_KEYS / 16; kk++) {
-        wgmma_bf16_rs(o, p[kk], wgmma_desc_sw128(v_st + 128 * (16 * kk), WGMMA_FWD_KEYS * 128, 1024), 1);
-    }
+    for (int kk = 0; kk < WGMMA_FWD_KEYS / 16; kk++) wgmma_bf16_rs(o, p[kk], wgmma_desc_advance(v, 2048 * kk), 1);
     wgmma_commit_group();
 }
 
@@ -376,6 +407,8 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     float s[BN / 2];          // S accumulator fragment (64 x 128)
     uint32_t p[BN / 16][4];   // P as bf16 A registers, live until its P V wgmma has been waited on
     float alpha[2];
+    const uint64_t q_desc = wgmma_desc_kmajor(q_sm + 64 * wg * 128);  // the warpgroup's rows of Q
+    const uint64_t k_desc = wgmma_desc_kmajor(k_sm), v_desc = wgmma_desc_mnmajor(v_sm, BN);  // stage 0
     if (wg == 1) named_barrier_arrive<WGMMA_CONSUMERS>(1);  // consumer 0 issues first
     mbarrier_wait(q_full, 0);
 
@@ -385,7 +418,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             mbarrier_wait(full0 + 8 * st, (j / STAGES) & 1);
             named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);  // my turn to issue
             wgmma_fence();
-            wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_sm, k_sm + st * TBYTES, wg);
+            wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_desc, wgmma_desc_advance(k_desc, st * TBYTES));
             named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);  // the other consumer's turn
             wgmma_wait_group<0>();
             pin_registers(s);
@@ -395,7 +428,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             pin_registers(o);
             named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
             wgmma_fence();
-            attention_forward_wgmma_pv<HD>(o, p, v_sm + st * TBYTES);
+            attention_forward_wgmma_pv<HD>(o, p, wgmma_desc_advance(v_desc, st * TBYTES));
             named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
             wgmma_wait_group<0>();
             pin_registers(o);
@@ -415,8 +448,8 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             pin_registers(o);
             named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
             wgmma_fence();
-            wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_sm, k_sm + nst * TBYTES, wg);  // S_{j+1}: one group
-            attention_forward_wgmma_pv<HD>(o, p_cur, v_sm + st * TBYTES);                    // P_j V_j: the next group
+            wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_desc, wgmma_desc_advance(k_desc, nst * TBYTES));  // S_{j+1}
+            attention_forward_wgmma_pv<HD>(o, p_cur, wgmma_desc_advance(v_desc, st * TBYTES));  // P_j V_j: next group
             named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
             wgmma_wait_group<1>();  // groups complete in order: S_{j+1} is done, P_j V_j may still run
             pin_registers(s);
@@ -434,7 +467,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             pin_registers(o);
             named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
             wgmma_fence();
-            attention_forward_wgmma_pv<HD>(o, p_cur, v_sm + st * TBYTES);
+            attention_forward_wgmma_pv<HD>(o, p_cur, wgmma_desc_advance(v_desc, st * TBYTES));
             named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
             wgmma_wait_group<0>();
             pin_registers(o);
@@ -445,7 +478,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
         mbarrier_wait(full0, 0);
         named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
         wgmma_fence();
-        wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_sm, k_sm, wg);
+        wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_desc, k_desc);
         named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
         wgmma_wait_group<0>();
         pin_registers(s);
@@ -545,8 +578,10 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
 
     const int b = blockIdx.x / KV, kvh = blockIdx.x % KV, group = H / KV;
     const int k0 = blockIdx.y * ROWS;  // the first key tiles see the most queries: scheduled first
-    // Items (query head of the group, query tile from the diagonal); k0 is a multiple of BQ.
-    const int n_q = ceil_div(T - k0, BQ), n_items = group * n_q;
+    // Items (query head of the group, query tile from the diagonal); k0 is a multiple of BQ. Item it is query head
+    // kvh * group + it / n_q, tile from q0 = k0 + (it % n_q) BQ; every loop below walks (head, q0) by counting
+    // (q0 wraps to k0 at q_end), not by dividing by n_q (an integer division per item).
+    const int n_q = ceil_div(T - k0, BQ), n_items = group * n_q, q_end = k0 + n_q * BQ;
 
     // full[s]: the TMA thread's arrive.expect_tx and one arrival per lse / D thread
     wgmma_init_barriers(kv_full, full0, empty0, S, 1 + BQ);
@@ -560,26 +595,32 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
                     tma_load_4d(k_sm + cb * (ROWS * 128), &kv_map, kv_full, 64 * cb, H + kvh, k0, b);
                     tma_load_4d(v_sm + cb * (ROWS * 128), &kv_map, kv_full, 64 * cb, H + KV + kvh, k0, b);
                 }
-                for (int it = 0; it < n_items; it++) {
-                    const int s = it % S, round = it / S, h = kvh * group + it / n_q, q0 = k0 + (it % n_q) * BQ;
+                for (int it = 0, h = kvh * group, q0 = k0; it < n_items; it++) {
+                    const int s = it % S, round = it / S;
                     if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);
                     mbarrier_arrive_expect_tx(full0 + 8 * s, 2 * QBYTES);
                     for (int cb = 0; cb < HD / 64; cb++) {
                         tma_load_4d(q_sm + s * QBYTES + cb * (BQ * 128), &q_map, full0 + 8 * s, 64 * cb, h, q0, b);
                         tma_load_4d(do_sm + s * QBYTES + cb * (BQ * 128), &do_map, full0 + 8 * s, 64 * cb, h, q0, b);
                     }
+                    q0 += BQ;
+                    if (q0 == q_end) q0 = k0, h++;
                 }
             }
         } else if (threadIdx.x < 32 + BQ) {  // one query's lse and D per thread (lse, D rows need not be 16-byte
                                              // aligned, which a bulk copy would want)
             const int i = threadIdx.x - 32;
-            for (int it = 0; it < n_items; it++) {
-                const int s = it % S, round = it / S, h = kvh * group + it / n_q, q = k0 + (it % n_q) * BQ + i;
+            // (b, first head of the group) rows of lse and delta; a head's row is T further on
+            const float* lse_row = lse + ((size_t)b * H + kvh * group) * T;
+            const float* delta_row = delta + ((size_t)b * H + kvh * group) * T;
+            for (int it = 0, q = k0 + i; it < n_items; it++) {
+                const int s = it % S, round = it / S;
                 if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);
-                const size_t row = ((size_t)b * H + h) * T;  // (b, h) row of lse and delta
-                lse_s[s * BQ + i] = q < T ? lse[row + q] * ATTN_LOG2E : 0.0f;  // in the log2 domain
-                D_s[s * BQ + i] = q < T ? delta[row + q] : 0.0f;
+                lse_s[s * BQ + i] = q < T ? lse_row[q] * ATTN_LOG2E : 0.0f;  // in the log2 domain
+                D_s[s * BQ + i] = q < T ? delta_row[q] : 0.0f;
                 mbarrier_arrive(full0 + 8 * s);  // releases the two stores to whoever waits on full[s]
+                q += BQ;
+                if (q >= q_end) q -= n_q * BQ, lse_row += T, delta_row += T;
             }
         }
         return;
@@ -600,10 +641,15 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     for (int i = 0; i < HD / 2; i++) dk[i] = dv[i] = 0.0f;
     uint32_t dsa[BQ / 16][4];  // dS^T as bf16 A registers, read by dK's wgmma
     int pending = -1;          // DK_RUNS_ON: the stage whose release waits for the running dK wgmma
+    // Descriptors: the warpgroup's rows of K and V (A of S^T, dP^T), and stage 0 of Q and dO read K-major (B of S^T,
+    // dP^T) and MN-major (B of dK, dV).
+    const uint64_t k_desc = wgmma_desc_kmajor(k_sm + 64 * wg * 128), v_desc = wgmma_desc_kmajor(v_sm + 64 * wg * 128);
+    const uint64_t q_desc = wgmma_desc_kmajor(q_sm), do_desc = wgmma_desc_kmajor(do_sm);
+    const uint64_t q_desc_t = wgmma_desc_mnmajor(q_sm, BQ), do_desc_t = wgmma_desc_mnmajor(do_sm, BQ);
     mbarrier_wait(kv_full, 0);
 
-    for (int it = 0; it < n_items; it++) {
-        const int stage = it % S, q0 = k0 + (it % n_q) * BQ;
+    for (int it = 0, q0 = k0; it < n_items; it++, q0 = q0 + BQ == q_end ? k0 : q0 + BQ) {
+        const int stage = it % S;
         // Waited for even when skipped: a warpgroup's release of round r then never precedes the other's of r - 1.
         mbarrier_wait(full0 + 8 * stage, (it / S) & 1);
         if (q0 + BQ - 1 < kwg) {  // warpgroup-uniform: every query of the tile precedes every key
@@ -617,15 +663,15 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             mbarrier_arrive(empty0 + 8 * stage);
             continue;
         }
-        const uint32_t q_st = q_sm + stage * QBYTES, do_st = do_sm + stage * QBYTES;
+        const uint32_t st_bytes = stage * QBYTES;
         const float* lse_t = lse_s + stage * BQ;
         const float* D_t = D_s + stage * BQ;
 
         // S^T = K Q^T and dP^T = V dO^T, one commit group each.
         float s[BQ / 2], dp[BQ / 2];
         wgmma_fence();
-        wgmma_scores_ss<HD, ROWS, BQ>(s, k_sm, q_st, wg);
-        wgmma_scores_ss<HD, ROWS, BQ>(dp, v_sm, do_st, wg);
+        wgmma_scores_ss<HD, ROWS, BQ>(s, k_desc, wgmma_desc_advance(q_desc, st_bytes));
+        wgmma_scores_ss<HD, ROWS, BQ>(dp, v_desc, wgmma_desc_advance(do_desc, st_bytes));
 
         // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2.
         wgmma_wait_group<1>();  // S^T done (and, with DK_RUNS_ON, the previous item's dK)
@@ -636,7 +682,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
         }
         attention_backward_probs_t<BQ>(s, lse_t, 1.0f, scale_log2, q0, kwg, key0, c, T);
         uint32_t pa[BQ / 16][4];
-        wgmma_accumulate_rs<HD, BQ>(dv, pa, s, do_st);  // dV += P^T dO
+        wgmma_accumulate_rs<HD, BQ>(dv, pa, s, wgmma_desc_advance(do_desc_t, st_bytes));  // dV += P^T dO
 
         // dS^T (dP^T is done once only the dV group may be outstanding), then dK += dS^T Q.
         wgmma_wait_group<1>();
@@ -646,7 +692,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
         }
 #pragma unroll
         for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
-        wgmma_accumulate_rs<HD, BQ>(dk, dsa, dp, q_st);  // dK += dS^T Q
+        wgmma_accumulate_rs<HD, BQ>(dk, dsa, dp, wgmma_desc_advance(q_desc_t, st_bytes));  // dK += dS^T Q
         if constexpr (DK_RUNS_ON) {
             wgmma_wait_group<1>();  // dV done; dK runs on into the next item, which releases this stage
             pin_registers(pa);
@@ -756,43 +802,45 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) dq[i] = 0.0f;
     uint32_t qa[AREG ? HD / 16 : 1][4], doa[AREG ? HD / 16 : 1][4];  // Q, dO rows as A fragments (AREG)
+    // Descriptors: the warpgroup's rows of Q and dO (A of S, dP without AREG), stage 0 of K and V read K-major (B of
+    // S, dP) and of K read MN-major (B of dQ).
+    const uint64_t q_desc = wgmma_desc_kmajor(q_sm + 64 * wg * 128), do_desc = wgmma_desc_kmajor(do_sm + 64 * wg * 128);
+    const uint64_t k_desc = wgmma_desc_kmajor(k_sm), v_desc = wgmma_desc_kmajor(v_sm);
+    const uint64_t k_desc_t = wgmma_desc_mnmajor(k_sm, BN);
     mbarrier_wait(q_full, 0);
     if constexpr (AREG) {
         wgmma_load_a_frags<HD, ROWS>(qa, smem_ptr, wg);
         wgmma_load_a_frags<HD, ROWS>(doa, smem_ptr + QBYTES, wg);
     }
 
-    for (int j = 0; j < n_tiles; j++) {
-        const int stage = j % S, k0 = j * BN;
-        mbarrier_wait(full0 + 8 * stage, (j / S) & 1);  // also when skipped (see the dK/dV kernel)
+    // tile j: stage j % S, phase (j / S) & 1, counted rather than divided
+    for (int j = 0, stage = 0, phase = 0; j < n_tiles; j++, stage == S - 1 ? (stage = 0, phase ^= 1) : stage++) {
+        const int k0 = j * BN;
+        mbarrier_wait(full0 + 8 * stage, phase);  // also when skipped (see the dK/dV kernel)
         if (k0 > qwg + 63) {  // warpgroup-uniform: every key of the tile follows every query
             mbarrier_arrive(empty0 + 8 * stage);
             continue;
         }
-        const uint32_t k_st = k_sm + stage * TBYTES, v_st = v_sm + stage * TBYTES;
+        const uint32_t st_bytes = stage * TBYTES;
 
         // S = Q K^T and dP = dO V^T, one commit group each.
         float s[BN / 2], dp[BN / 2];
         wgmma_fence();
         if constexpr (AREG) {
-            wgmma_scores_rs<HD, BN>(s, qa, k_st);
-            wgmma_scores_rs<HD, BN>(dp, doa, v_st);
+            wgmma_scores_rs<HD, BN>(s, qa, wgmma_desc_advance(k_desc, st_bytes));
+            wgmma_scores_rs<HD, BN>(dp, doa, wgmma_desc_advance(v_desc, st_bytes));
         } else {
-            wgmma_scores_ss<HD, ROWS, BN>(s, q_sm, k_st, wg);
-            wgmma_scores_ss<HD, ROWS, BN>(dp, do_sm, v_st, wg);
+            wgmma_scores_ss<HD, ROWS, BN>(s, q_desc, wgmma_desc_advance(k_desc, st_bytes));
+            wgmma_scores_ss<HD, ROWS, BN>(dp, do_desc, wgmma_desc_advance(v_desc, st_bytes));
         }
 
-        // P. Element i: query row0 + 8 ((i / 2) % 2), key k0 + 8 (i / 4) + c + i % 2. Keys >= T need no test of
-        // their own: they follow every valid query.
+        // P (the mask only on the diagonal tiles)
         wgmma_wait_group<1>();
         pin_registers(s);
-        const bool need_mask = k0 + BN - 1 > qwg;
-#pragma unroll
-        for (int i = 0; i < BN / 2; i++) {
-            const int r = (i / 2) % 2;
-            float p = exp2f(fmaf(s[i], scale_log2, -lse2[r]));
-            if (need_mask && k0 + 8 * (i / 4) + c + i % 2 > row0 + 8 * r) p = 0.0f;
-            s[i] = p;
+        if (k0 + BN - 1 > qwg) {  // warpgroup-uniform
+            attention_backward_probs<BN, true>(s, lse2, scale_log2, k0, row0, c);
+        } else {
+            attention_backward_probs<BN, false>(s, lse2, scale_log2, k0, row0, c);
         }
         // dS, then dQ += dS K: B = the K tile, MN-major; its k16 slice kk (keys 16 kk ..) starts at row 16 kk.
         wgmma_wait_group<0>();
@@ -800,7 +848,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) dp[i] = s[i] * (dp[i] - D[(i / 2) % 2]);
         uint32_t dsa[BN / 16][4];
-        wgmma_accumulate_rs<HD, BN>(dq, dsa, dp, k_st);
+        wgmma_accumulate_rs<HD, BN>(dq, dsa, dp, wgmma_desc_advance(k_desc_t, st_bytes));
         wgmma_wait_group<0>();
         pin_registers(dsa);
         pin_registers(dq);

@@ -868,8 +868,8 @@ template <int HD, int R, int N, bool AREG>
 __device__ __forceinline__ void scores_wgmma(float (&d)[N / 2], uint32_t a_tile,
                                              const uint32_t (&a_frags)[AREG ? HD / 16 : 1][4], uint32_t b_tile,
                                              int wg) {
-    if constexpr (AREG) wgmma_scores_rs<HD, N>(d, a_frags, b_tile);
-    else wgmma_scores_ss<HD, R, N>(d, a_tile, b_tile, wg);
+    if constexpr (AREG) wgmma_scores_rs<HD, N>(d, a_frags, wgmma_desc_kmajor(b_tile));
+    else wgmma_scores_ss<HD, R, N>(d, wgmma_desc_kmajor(a_tile + 64 * wg * 128), wgmma_desc_kmajor(b_tile));
 }
 
 template <int HD, int BQ>
@@ -974,14 +974,14 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
         pin_registers(dk);
         attention_backward_probs_t<BQ>(s, lse_t, ATTN_LOG2E, scale_log2, q0, kwg, key0, c, T);
         uint32_t pa[BQ / 16][4];
-        wgmma_accumulate_rs<HD, BQ>(dv, pa, s, do_st);  // dV += P^T dO
+        wgmma_accumulate_rs<HD, BQ>(dv, pa, s, wgmma_desc_mnmajor(do_st, BQ));  // dV += P^T dO
 
         // dS^T (dP^T is done once only the dV group may be outstanding), then dK += dS^T Q.
         wgmma_wait_group<1>();
         pin_registers(dp);
 #pragma unroll
         for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
-        wgmma_accumulate_rs<HD, BQ>(dk, dsa, dp, q_st);  // dK += dS^T Q
+        wgmma_accumulate_rs<HD, BQ>(dk, dsa, dp, wgmma_desc_mnmajor(q_st, BQ));  // dK += dS^T Q
         wgmma_wait_group<1>();  // dV done; dK runs on into the next item
         pin_registers(pa);
         pin_registers(dv);
@@ -1097,7 +1097,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) dp[i] = s[i] * (dp[i] - D[(i / 2) % 2]);
         uint32_t dsa[BN / 16][4];
-        wgmma_accumulate_rs<HD, BN>(dq, dsa, dp, k_st);
+        wgmma_accumulate_rs<HD, BN>(dq, dsa, dp, wgmma_desc_mnmajor(k_st, BN));
         wgmma_wait_group<0>();
         pin_registers(dsa);
         pin_registers(dq);

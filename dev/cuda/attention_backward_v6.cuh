@@ -156,14 +156,14 @@ __device__ __forceinline__ void backward_onepass_item(float (&dk)[HD / 2], float
     const int key0 = kwg + 16 * warp + g;  // this thread's keys: key0 and key0 + 8
     float s[BQ / 2], dp[BQ / 2];
     wgmma_fence();
-    wgmma_scores_ss<HD, ROWS, BQ>(s, k_sm, q_st, wg);
-    wgmma_scores_ss<HD, ROWS, BQ>(dp, v_sm, do_st, wg);
+    wgmma_scores_ss<HD, ROWS, BQ>(s, wgmma_desc_kmajor(k_sm + 64 * wg * 128), wgmma_desc_kmajor(q_st));
+    wgmma_scores_ss<HD, ROWS, BQ>(dp, wgmma_desc_kmajor(v_sm + 64 * wg * 128), wgmma_desc_kmajor(do_st));
     // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2.
     wgmma_wait_group<1>();
     pin_registers(s);
     attention_backward_probs_t<BQ>(s, lse_t, ATTN_LOG2E, scale_log2, q0, kwg, key0, c, T);
     uint32_t pa[BQ / 16][4];
-    wgmma_accumulate_rs<HD, BQ>(dv, pa, s, do_st);  // dV += P^T dO
+    wgmma_accumulate_rs<HD, BQ>(dv, pa, s, wgmma_desc_mnmajor(do_st, BQ));  // dV += P^T dO
 
     // dS^T (dP^T is done once only the dV group may be outstanding); dK += dS^T Q; dS^T into smem.
     wgmma_wait_group<1>();
@@ -171,7 +171,7 @@ __device__ __forceinline__ void backward_onepass_item(float (&dk)[HD / 2], float
 #pragma unroll
     for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
     uint32_t dsa[BQ / 16][4];
-    wgmma_accumulate_rs<HD, BQ>(dk, dsa, dp, q_st);  // dK += dS^T Q
+    wgmma_accumulate_rs<HD, BQ>(dk, dsa, dp, wgmma_desc_mnmajor(q_st, BQ));  // dK += dS^T Q
     // Fragment kk holds rows (keys) g, g + 8 of the warp's slice, queries 16 kk + c (chunk 2 kk) and
     // 16 kk + 8 + c (chunk 2 kk + 1): the same 32-bit stores as wgmma_store_rows, conflict-free.
     const int lr = 64 * wg + 16 * warp + g;
