@@ -67,7 +67,8 @@
 // Both kernels stage their bf16 results through their own (dead) rows of the resident tiles for 16-byte stores.
 // Against the cp.async version (every thread loading its share, one __syncthreads per item), measured on an H100
 // (dev/cuda/attention_backward.cu v5 -> v10, TFLOP/s at the three timing shapes): 215-219 -> 262-266, 336-341 ->
-// 427-432, 340-361 -> 424-457.
+// 427-432, 340-361 -> 424-457; then, with fewer instructions per item (descriptors advanced rather than rebuilt, the
+// mask only where needed, no integer division) and the faster delta pass: 311-316, 465-469, 466-504.
 
 #pragma once
 

@@ -172,6 +172,25 @@
 //       the PTX wait, dK running on at both head dims: 232 / 365 / 371 (serialised, C7515); (b) dQ's wgmma left
 //       running into the next tile: inside the noise, before and after the shuffle; (c) a 4th dQ stage: no
 //       change; (d) lse and D read as float2 pairs in the dK/dV kernel: 186-190 / 318-328 / 344-347 (slower).
+//       Then the instruction count (ncu source counters of the hd 64 dK/dV kernel, H100, (4, 2048, 32, 8, 64)): 526
+//       instructions per warp and item, against about 200 for the math itself. The rest: about 140 uniform-datapath
+//       instructions rebuilding every wgmma descriptor from its address, about 115 for the causal mask (ptxas had
+//       turned the mask test inside the unrolled loop into predicated selects, run on every item), and an integer
+//       division by the number of query tiles (consumers and producer, per item). Both kernels were issue-bound at
+//       hd 64 (1,052 instructions per SM sub-partition and item pair, against 1,024 cycles of wgmma), and the 24
+//       registers of the producer spilled (36 / 68 bytes at hd 128). Changes, same results to the bit:
+//         + descriptors built once per tile and advanced by the slice offset (ptx.cuh wgmma_desc_advance), the mask
+//           branch taken outside the loop (two copies of it), item indices counted instead of divided:
+//           H100 262-265 / 427-429 / 426-459 -> 289-290 / 458-460 / 464-496 TFLOP/s (alternating runs, one session);
+//           ncu: dK/dV 343 -> 299 us (hd 64), 1.76 -> 1.60 ms (hd 128); dQ 238 -> 229 us, 1.16 -> 1.09 ms; no spills
+//         + attention_delta reading rows in 16-byte chunks (attention_common.cuh; it was 68 / 65 us of the
+//           backward's 590 / 2,770 us at the first and last shape, now 26 / 47 us): 311-316 / 465-469 / 466-504
+//           (H100), 321 / 475 / 484-490 (H200; v10 before both changes 267-270 / 432-438 / 441-463 in the same runs).
+//       Tried after them, not kept: dK running on at hd 128 (421-422 / 427-451 against 459-464 / 456-501: still the
+//       registers); the dQ kernel at hd 128 with Q, dO from shared memory (BN 64: 463-464 / 455-500; BN 128 with 2
+//       stages: 462-466 / 466-477) or with 2 stages (459-462 / 463-481): all inside the noise of the kept one; D
+//       computed by the dQ kernel's consumers from dout and out (the dQ kernel first, then dK/dV; no delta pass):
+//       311-314 / 467-471 / 479-499 against 311-313 / 465-469 / 472-504, no gain for the extra code.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py (--backward v6 for this version).
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
