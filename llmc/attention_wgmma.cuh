@@ -243,9 +243,9 @@ __device__ __forceinline__ void attention_backward_probs(float (&s)[BN / 2], con
         s[i] = p;
     }
 }
-// The dK/dV form again, masking only where the item needs it (kwg: the warpgroup's first key). The test sits outside the loop:
-// inside it, ptxas turned it into predicated selects on every item (a third of the dK/dV kernel's instructions),
-// where only the diagonal items and the last query tile need them.
+// The dK/dV form again, masking only where the item needs it (kwg: the warpgroup's first key). The test sits outside
+// the loop: inside it, ptxas turned it into predicated selects on every item (about a fifth of the hd 64 dK/dV
+// kernel's instructions), where only the diagonal items and the last query tile need them.
 template <int BQ>
 __device__ __forceinline__ void attention_backward_probs_t(float (&s)[BQ / 2], const float* lse_t, float lse_mult,
                                                            float scale_log2, int q0, int kwg, int key0, int c, int T) {

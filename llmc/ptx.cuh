@@ -156,7 +156,7 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr, uint32_t lbo
 // The same descriptor for the operand `bytes` further on (a k16 slice, a pipeline stage): only the start address
 // field changes. Shared-window addresses stay below 2^18, so the field (address >> 4, 14 bits) never carries into
 // the next, and the add can stay in the low word: one instruction per wgmma instead of rebuilding every field (the
-// rebuild was about 10 uniform-datapath instructions per wgmma, a fifth of the backward kernels' issue slots).
+// rebuild was about 10 uniform-datapath instructions per wgmma, a quarter of the hd 64 dK/dV kernel's instructions).
 __device__ __forceinline__ uint64_t wgmma_desc_advance(uint64_t desc, uint32_t bytes) {
     const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4), hi = static_cast<uint32_t>(desc >> 32);
     return (uint64_t)hi << 32 | lo;
