@@ -10,7 +10,8 @@
 //
 // One block per row, two passes. Pass 1 keeps a running (max, sum of exp(x - max)) per thread ("online softmax"),
 // merges them across the block, and reads the target logit first (pass 2 overwrites it). Pass 2 re-reads the row
-// (mostly from L2) and writes the gradient. Loads are 16 bytes wide: a row of odd V starts at any 2-byte boundary,
+// (partly from L2) and writes the gradient. Loads are 16 bytes wide, CLASSIFIER_BATCH of them issued per thread before
+// any is used (one at a time, the loop left HBM a third idle). A row of odd V starts at any 2-byte boundary,
 // so each row is split into a scalar head up to the first 16-byte boundary, an aligned vector body, and a scalar
 // tail (head + tail < 2 * 16 bytes).
 #pragma once
@@ -21,6 +22,7 @@
 #include "cuda_common.h"
 
 constexpr int CLASSIFIER_BLOCK = 1024;
+constexpr int CLASSIFIER_BATCH = 4;  // 16-byte loads each thread issues before using any of them
 
 // Folds (m2, s2) into (m, s): both are (max, sum of exp(x - max)) over disjoint sets. Starting values
 // (-FLT_MAX, 0) are neutral: exp(-FLT_MAX - M) underflows to 0 instead of producing inf - inf.
@@ -71,10 +73,17 @@ __global__ void __launch_bounds__(CLASSIFIER_BLOCK)
     float m = -FLT_MAX, s = 0.0f;
     for (int k = threadIdx.x; k < n_scalar; k += blockDim.x) classifier_online(m, s, to_float(x[split.scalar_index(k)]));
     const int4* body = reinterpret_cast<const int4*>(x + split.head);
-    for (int k = threadIdx.x; k < split.n_vec; k += blockDim.x) {
-        int4 raw = body[k];
-        const floatX* v = reinterpret_cast<const floatX*>(&raw);
-        for (int j = 0; j < VEC16; j++) classifier_online(m, s, to_float(v[j]));
+    for (int k0 = threadIdx.x; k0 < split.n_vec; k0 += CLASSIFIER_BATCH * blockDim.x) {
+        int4 raw[CLASSIFIER_BATCH];
+        for (int u = 0; u < CLASSIFIER_BATCH; u++) {
+            int k = k0 + u * blockDim.x;
+            if (k < split.n_vec) raw[u] = body[k];
+        }
+        for (int u = 0; u < CLASSIFIER_BATCH; u++) {
+            if (k0 + u * blockDim.x >= split.n_vec) break;
+            const floatX* v = reinterpret_cast<const floatX*>(&raw[u]);
+            for (int j = 0; j < VEC16; j++) classifier_online(m, s, to_float(v[j]));
+        }
     }
     // merge: warp by shuffles, then the warps' results through shared memory (fixed tree: deterministic)
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -106,15 +115,23 @@ __global__ void __launch_bounds__(CLASSIFIER_BLOCK)
         x[i] = from_float<floatX>((p - (i == target ? 1.0f : 0.0f)) * scale);
     }
     int4* body_out = reinterpret_cast<int4*>(x + split.head);
-    for (int k = threadIdx.x; k < split.n_vec; k += blockDim.x) {
-        int4 raw = body_out[k];
-        floatX* v = reinterpret_cast<floatX*>(&raw);
-        int i0 = split.head + k * VEC16;
-        for (int j = 0; j < VEC16; j++) {
-            float p = expf(to_float(v[j]) - m) * inv_s;
-            v[j] = from_float<floatX>((p - (i0 + j == target ? 1.0f : 0.0f)) * scale);
+    for (int k0 = threadIdx.x; k0 < split.n_vec; k0 += CLASSIFIER_BATCH * blockDim.x) {
+        int4 raw[CLASSIFIER_BATCH];
+        for (int u = 0; u < CLASSIFIER_BATCH; u++) {
+            int k = k0 + u * blockDim.x;
+            if (k < split.n_vec) raw[u] = body_out[k];
         }
-        body_out[k] = raw;
+        for (int u = 0; u < CLASSIFIER_BATCH; u++) {
+            int k = k0 + u * blockDim.x;
+            if (k >= split.n_vec) break;
+            floatX* v = reinterpret_cast<floatX*>(&raw[u]);
+            int i0 = split.head + k * VEC16;
+            for (int j = 0; j < VEC16; j++) {
+                float p = expf(to_float(v[j]) - m) * inv_s;
+                v[j] = from_float<floatX>((p - (i0 + j == target ? 1.0f : 0.0f)) * scale);
+            }
+            body_out[k] = raw[u];
+        }
     }
 }
 

@@ -8,10 +8,12 @@
 // The normalised value is computed in fp32 and rounded to floatX once (PyTorch's Llama rounds x*rstd to the input
 // dtype before the weight multiply; the difference is within one bf16 rounding).
 //
-// Forward and dinp use one warp per row, reading the row twice (sum of squares, then the output; the second read
-// hits L1/L2). dweight is a column reduction over rows, done without atomics so it is bit-identical run to run:
-// rows are cut into R fixed chunks (R depends only on N), each (column slice, chunk) block writes fp32 partial sums
-// to `scratch` (R x C), and a second kernel adds the R partials per column in a fixed order.
+// Forward and backward use one warp per row, in two passes (sum of squares or dot product, then the output); each
+// pass issues a segment's loads together before using them, and the forward keeps its first segment in registers
+// for pass 2 (other reads of pass 2 hit L1). dweight is a column reduction over rows, done without atomics so it is bit-identical run
+// to run: rows are cut into R fixed chunks (R depends only on N), the backward kernel writes each chunk's fp32
+// partial sums to `scratch` (R x C) while it computes dinp, and a second kernel adds the R partials per column in a
+// fixed order.
 #pragma once
 
 #include <cstdint>
@@ -28,37 +30,75 @@ inline bool rmsnorm_vec_ok(int C, const void* a, const void* b, const void* c, c
 
 // ------------------------------------------------------------------------------------------------ forward
 
+// A lane's share of a row: RMSNORM_PACKS packs of VEC elements, pack k at columns (k * 32 + lane) * VEC of the
+// segment, so the warp reads 32 * VEC consecutive elements per pack (coalesced). One segment is 32 * VEC *
+// RMSNORM_PACKS columns (2048 in bf16). Each pass issues all of a segment's loads before using any, and the first
+// segment stays in registers for the second pass; a longer row reads its later segments again (from L1).
+constexpr int RMSNORM_PACKS = 8;
+template <int VEC>
+struct alignas(VEC * sizeof(floatX)) RmsnormPack {
+    floatX v[VEC];
+};
+template <int VEC>
+__device__ __forceinline__ RmsnormPack<VEC> rmsnorm_load(const floatX* p) {
+    return *reinterpret_cast<const RmsnormPack<VEC>*>(p);
+}
+template <int VEC>
+__device__ __forceinline__ void rmsnorm_store(floatX* p, const RmsnormPack<VEC>& x) {
+    *reinterpret_cast<RmsnormPack<VEC>*>(p) = x;
+}
+
 // One warp per row. FUSED: x = round(a + b) is first written to residual_out, and the norm uses the rounded values
 // (what the next layer's residual stream holds). Otherwise x = a (b and residual_out unused).
 // residual_out may alias a or b: each element is read and written by the same thread, reads first.
 template <int VEC, bool FUSED>
 __global__ void rmsnorm_forward_kernel(floatX* residual_out, floatX* out, float* rstd, const floatX* a,
                                        const floatX* b, const floatX* weight, int N, int C, float eps) {
+    constexpr int SEGMENT = 32 * VEC * RMSNORM_PACKS;
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= N) return;
     size_t off = (size_t)row * C;
+    RmsnormPack<VEC> first[RMSNORM_PACKS];
     float sum_sq = 0.0f;
-    for (int c = lane * VEC; c < C; c += 32 * VEC) {
-        float x[VEC];
-        load_as_float<VEC>(x, a + off + c);
-        if constexpr (FUSED) {
-            float y[VEC];
-            load_as_float<VEC>(y, b + off + c);
-            for (int j = 0; j < VEC; j++) x[j] = to_float(from_float<floatX>(x[j] + y[j]));  // round as stored
-            store_from_float<VEC>(residual_out + off + c, x);
+    for (int seg = 0; seg < C; seg += SEGMENT) {
+        RmsnormPack<VEC> x[RMSNORM_PACKS], y[RMSNORM_PACKS];
+#pragma unroll
+        for (int k = 0; k < RMSNORM_PACKS; k++) {
+            int c = seg + (k * 32 + lane) * VEC;
+            if (c < C) x[k] = rmsnorm_load<VEC>(a + off + c);
+            if (FUSED && c < C) y[k] = rmsnorm_load<VEC>(b + off + c);
         }
-        for (int j = 0; j < VEC; j++) sum_sq += x[j] * x[j];
+#pragma unroll
+        for (int k = 0; k < RMSNORM_PACKS; k++) {
+            int c = seg + (k * 32 + lane) * VEC;
+            if (c >= C) continue;
+            if constexpr (FUSED) {
+                for (int j = 0; j < VEC; j++) x[k].v[j] = from_float<floatX>(to_float(x[k].v[j]) + to_float(y[k].v[j]));
+                rmsnorm_store<VEC>(residual_out + off + c, x[k]);
+            }
+            for (int j = 0; j < VEC; j++) sum_sq += to_float(x[k].v[j]) * to_float(x[k].v[j]);
+            if (seg == 0) first[k] = x[k];
+        }
     }
     sum_sq = warp_reduce_sum(sum_sq);
     float r = rsqrtf(sum_sq / (float)C + eps);
     const floatX* x_src = FUSED ? residual_out : a;
-    for (int c = lane * VEC; c < C; c += 32 * VEC) {
-        float x[VEC], w[VEC];
-        load_as_float<VEC>(x, x_src + off + c);
-        load_as_float<VEC>(w, weight + c);
-        for (int j = 0; j < VEC; j++) x[j] = x[j] * r * w[j];
-        store_from_float<VEC>(out + off + c, x);
+    for (int seg = 0; seg < C; seg += SEGMENT) {
+        RmsnormPack<VEC> x[RMSNORM_PACKS];
+#pragma unroll
+        for (int k = 0; k < RMSNORM_PACKS; k++) {
+            int c = seg + (k * 32 + lane) * VEC;
+            if (c < C) x[k] = seg == 0 ? first[k] : rmsnorm_load<VEC>(x_src + off + c);
+        }
+#pragma unroll
+        for (int k = 0; k < RMSNORM_PACKS; k++) {
+            int c = seg + (k * 32 + lane) * VEC;
+            if (c >= C) continue;
+            RmsnormPack<VEC> w = rmsnorm_load<VEC>(weight + c);
+            for (int j = 0; j < VEC; j++) x[k].v[j] = from_float<floatX>(to_float(x[k].v[j]) * r * to_float(w.v[j]));
+            rmsnorm_store<VEC>(out + off + c, x[k]);
+        }
     }
     if (lane == 0) rstd[row] = r;
 }
@@ -95,73 +135,102 @@ inline void fused_residual_rmsnorm_forward(floatX* residual_out, floatX* out, fl
 
 // ------------------------------------------------------------------------------------------------ backward
 
-// Row chunks for the dweight reduction: at least 32 rows each, at most 256 chunks (enough blocks to fill an H100
-// with C = 2048). A function of N only, so the summation order never changes between runs.
+// Rows are cut into chunks (a function of N alone, so the summation order never changes between runs). One block
+// per chunk computes dinp for its rows and the chunk's partial dweight in the same pass over dout and inp; a second
+// kernel adds the chunks' partials per column in a fixed order.
+constexpr int RMSNORM_BACKWARD_WARPS = 4;
+// Packs per lane and segment in the backward (the forward's RMSNORM_PACKS): 2 was fastest; at 4 the bf16 kernel
+// takes 210 registers, at 8 it spills.
+constexpr int RMSNORM_BACKWARD_PACKS = 2;
 inline int rmsnorm_backward_rows_per_chunk(int N) {
-    int rows = ceil_div(N, 256);
-    return rows < 32 ? 32 : rows;
+    int rows = ceil_div(N, 512);
+    return rows < 16 ? 16 : rows;
 }
 inline int rmsnorm_backward_chunks(int N) { return N <= 0 ? 0 : ceil_div(N, rmsnorm_backward_rows_per_chunk(N)); }
 
-// Floats of `scratch` rmsnorm_backward needs: one partial dweight row (C) per row chunk (at most 256 chunks).
+// Floats of `scratch` rmsnorm_backward needs: one partial dweight row (C) per row chunk (at most 512 chunks).
 inline size_t rmsnorm_backward_scratch_floats(int N, int C) { return (size_t)rmsnorm_backward_chunks(N) * C; }
 
-// dinp += dx, one warp per row. Pass 1: dot = sum_c dout*weight*x, so mean_c(dxhat*xhat) = rstd * dot / C.
+// Block = one row chunk; each warp takes every RMSNORM_BACKWARD_WARPS-th row of it, in segments as the forward.
+// Pass 1: dot = sum_c dout*weight*x, so mean_c(dxhat*xhat) = rstd * dot / C. Pass 2: dinp += dx, with the segment's
+// dinp loads issued together, and dout * xhat added into the warp's own fp32 row of shared memory (each element
+// always by the same lane, so no synchronisation until the end). Then the warps' rows are added in warp order into
+// scratch[chunk].
 template <int VEC>
-__global__ void rmsnorm_backward_dinp_kernel(floatX* dinp, const floatX* dout, const floatX* inp,
-                                             const floatX* weight, const float* rstd, int N, int C) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= N) return;
-    size_t off = (size_t)row * C;
-    float dot = 0.0f;
-    for (int c = lane * VEC; c < C; c += 32 * VEC) {
-        float g[VEC], x[VEC], w[VEC];
-        load_as_float<VEC>(g, dout + off + c);
-        load_as_float<VEC>(x, inp + off + c);
-        load_as_float<VEC>(w, weight + c);
-        for (int j = 0; j < VEC; j++) dot += g[j] * w[j] * x[j];
+__global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
+    rmsnorm_backward_kernel(floatX* dinp, float* scratch, const floatX* dout, const floatX* inp,
+                            const floatX* weight, const float* rstd, int N, int C, int rows_per_chunk) {
+    constexpr int SEGMENT = 32 * VEC * RMSNORM_BACKWARD_PACKS;
+    extern __shared__ float warp_dweight[];  // (RMSNORM_BACKWARD_WARPS, C)
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float* my_dweight = warp_dweight + (size_t)warp * C;
+    for (int seg = 0; seg < C; seg += SEGMENT) {
+        for (int k = 0; k < RMSNORM_BACKWARD_PACKS; k++) {
+            int c = seg + (k * 32 + lane) * VEC;
+            if (c < C)
+                for (int j = 0; j < VEC; j++) my_dweight[c + j] = 0.0f;
+        }
     }
-    dot = warp_reduce_sum(dot);
-    float r = rstd[row];
-    float mean = r * dot / (float)C;  // mean_c(dxhat * xhat)
-    for (int c = lane * VEC; c < C; c += 32 * VEC) {
-        float g[VEC], x[VEC], w[VEC], d[VEC];
-        load_as_float<VEC>(g, dout + off + c);
-        load_as_float<VEC>(x, inp + off + c);
-        load_as_float<VEC>(w, weight + c);
-        load_as_float<VEC>(d, dinp + off + c);
-        for (int j = 0; j < VEC; j++) d[j] += r * (g[j] * w[j] - x[j] * r * mean);
-        store_from_float<VEC>(dinp + off + c, d);
+    int row_end = min(N, (blockIdx.x + 1) * rows_per_chunk);
+    for (int row = blockIdx.x * rows_per_chunk + warp; row < row_end; row += RMSNORM_BACKWARD_WARPS) {
+        size_t off = (size_t)row * C;
+        float dot = 0.0f;
+        for (int seg = 0; seg < C; seg += SEGMENT) {
+            RmsnormPack<VEC> g[RMSNORM_BACKWARD_PACKS], x[RMSNORM_BACKWARD_PACKS];
+#pragma unroll
+            for (int k = 0; k < RMSNORM_BACKWARD_PACKS; k++) {
+                int c = seg + (k * 32 + lane) * VEC;
+                if (c >= C) continue;
+                g[k] = rmsnorm_load<VEC>(dout + off + c);
+                x[k] = rmsnorm_load<VEC>(inp + off + c);
+            }
+#pragma unroll
+            for (int k = 0; k < RMSNORM_BACKWARD_PACKS; k++) {
+                int c = seg + (k * 32 + lane) * VEC;
+                if (c >= C) continue;
+                RmsnormPack<VEC> w = rmsnorm_load<VEC>(weight + c);
+                for (int j = 0; j < VEC; j++) dot += to_float(g[k].v[j]) * to_float(w.v[j]) * to_float(x[k].v[j]);
+            }
+        }
+        dot = warp_reduce_sum(dot);
+        float r = rstd[row];
+        float mean = r * dot / (float)C;  // mean_c(dxhat * xhat)
+        for (int seg = 0; seg < C; seg += SEGMENT) {
+            RmsnormPack<VEC> g[RMSNORM_BACKWARD_PACKS], x[RMSNORM_BACKWARD_PACKS], d[RMSNORM_BACKWARD_PACKS];
+#pragma unroll
+            for (int k = 0; k < RMSNORM_BACKWARD_PACKS; k++) {
+                int c = seg + (k * 32 + lane) * VEC;
+                if (c >= C) continue;
+                d[k] = rmsnorm_load<VEC>(dinp + off + c);
+                g[k] = rmsnorm_load<VEC>(dout + off + c);
+                x[k] = rmsnorm_load<VEC>(inp + off + c);
+            }
+#pragma unroll
+            for (int k = 0; k < RMSNORM_BACKWARD_PACKS; k++) {
+                int c = seg + (k * 32 + lane) * VEC;
+                if (c >= C) continue;
+                RmsnormPack<VEC> w = rmsnorm_load<VEC>(weight + c);
+                for (int j = 0; j < VEC; j++) {
+                    float gj = to_float(g[k].v[j]), xj = to_float(x[k].v[j]);
+                    d[k].v[j] = from_float<floatX>(to_float(d[k].v[j]) + r * (gj * to_float(w.v[j]) - xj * r * mean));
+                    my_dweight[c + j] += gj * (xj * r);
+                }
+                rmsnorm_store<VEC>(dinp + off + c, d[k]);
+            }
+        }
     }
-}
-
-// Partial dweight: block (x = column slice of 2*blockDim.x columns, y = row chunk). Each thread owns two adjacent
-// columns and walks the chunk's rows in order; a warp reads 64 consecutive elements of a row per step (coalesced).
-__global__ void rmsnorm_backward_dweight_partial_kernel(float* scratch, const floatX* dout, const floatX* inp,
-                                                        const float* rstd, int N, int C, int rows_per_chunk) {
-    int c = (blockIdx.x * blockDim.x + threadIdx.x) * 2;
-    if (c >= C) return;
-    bool two = c + 1 < C;
-    int row_begin = blockIdx.y * rows_per_chunk;
-    int row_end = min(N, row_begin + rows_per_chunk);
-    float acc0 = 0.0f, acc1 = 0.0f;
-#pragma unroll 4
-    for (int n = row_begin; n < row_end; n++) {
-        size_t off = (size_t)n * C + c;
-        float r = rstd[n];
-        acc0 += to_float(dout[off]) * (to_float(inp[off]) * r);
-        if (two) acc1 += to_float(dout[off + 1]) * (to_float(inp[off + 1]) * r);
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float sum = 0.0f;
+        for (int w = 0; w < RMSNORM_BACKWARD_WARPS; w++) sum += warp_dweight[(size_t)w * C + c];
+        scratch[(size_t)blockIdx.x * C + c] = sum;
     }
-    float* dst = scratch + (size_t)blockIdx.y * C + c;
-    dst[0] = acc0;
-    if (two) dst[1] = acc1;
 }
 
 // dweight[c] += sum of scratch[chunk, c] over the chunks. Block (32 columns) x (8 chunk groups): thread y sums
 // chunks y, y + 8, ... in ascending order, then thread y = 0 adds the 8 group sums in order y = 0..7. The order is
 // fixed by N alone, so the result is bit-identical run to run; splitting each column over 8 threads keeps the chain
-// of dependent loads short (up to 32 instead of 256).
+// of dependent loads short (up to 64 instead of 512).
 constexpr int RMSNORM_REDUCE_GROUPS = 8;
 __global__ void rmsnorm_backward_dweight_reduce_kernel(floatX* dweight, const float* scratch, int n_chunks, int C) {
     __shared__ float group_sums[RMSNORM_REDUCE_GROUPS][32];
@@ -179,34 +248,49 @@ __global__ void rmsnorm_backward_dweight_reduce_kernel(floatX* dweight, const fl
     }
 }
 
+// Shared memory of rmsnorm_backward_kernel: a row of C floats per warp. Above 48 KiB (C > 3072) it must be opted
+// into, once per kernel instance; C beyond the GPU's limit is refused with a message.
+template <int VEC>
+inline size_t rmsnorm_backward_smem(int C) {
+    size_t bytes = (size_t)RMSNORM_BACKWARD_WARPS * C * sizeof(float);
+    static size_t opted = 48 * 1024;
+    if (bytes > opted) {
+        int device, limit;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        if (bytes > (size_t)limit) {
+            fprintf(stderr, "Error: rmsnorm_backward: C=%d needs %zu bytes of shared memory, the GPU has %d\n", C,
+                    bytes, limit);
+            fail_exit();
+        }
+        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel<VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)bytes));
+        opted = bytes;
+    }
+    return bytes;
+}
+
 // dinp (N, C) += dx (accumulates into the residual gradient); dweight (C) += sum_n dout * xhat (accumulates,
 // deterministic). scratch: rmsnorm_backward_scratch_floats(N, C) floats, contents don't matter, clobbered.
 // dinp must not alias dout or inp.
 inline void rmsnorm_backward(floatX* dinp, floatX* dweight, float* scratch, const floatX* dout, const floatX* inp,
                              const floatX* weight, const float* rstd, int N, int C, cudaStream_t stream) {
     if (N <= 0 || C <= 0) return;
-    {
-        const int block = 256, rows_per_block = block / 32;
-        unsigned grid = (unsigned)ceil_div(N, rows_per_block);
-        if (rmsnorm_vec_ok(C, dinp, dout, inp, weight)) {
-            rmsnorm_backward_dinp_kernel<VEC16><<<grid, block, 0, stream>>>(dinp, dout, inp, weight, rstd, N, C);
-        } else {
-            rmsnorm_backward_dinp_kernel<1><<<grid, block, 0, stream>>>(dinp, dout, inp, weight, rstd, N, C);
-        }
-        cudaCheckLaunch();
-    }
     int rows_per_chunk = rmsnorm_backward_rows_per_chunk(N);
     int n_chunks = rmsnorm_backward_chunks(N);
-    {
-        const int block = 256;
-        dim3 grid(ceil_div(C, 2 * block), n_chunks);
-        rmsnorm_backward_dweight_partial_kernel<<<grid, block, 0, stream>>>(scratch, dout, inp, rstd, N, C,
-                                                                            rows_per_chunk);
-        cudaCheckLaunch();
+    const int block = RMSNORM_BACKWARD_WARPS * 32;
+    if (rmsnorm_vec_ok(C, dinp, dout, inp, weight)) {
+        size_t smem = rmsnorm_backward_smem<VEC16>(C);
+        rmsnorm_backward_kernel<VEC16>
+            <<<n_chunks, block, smem, stream>>>(dinp, scratch, dout, inp, weight, rstd, N, C, rows_per_chunk);
+    } else {
+        size_t smem = rmsnorm_backward_smem<1>(C);
+        rmsnorm_backward_kernel<1>
+            <<<n_chunks, block, smem, stream>>>(dinp, scratch, dout, inp, weight, rstd, N, C, rows_per_chunk);
     }
-    {
-        dim3 block(32, RMSNORM_REDUCE_GROUPS);
-        rmsnorm_backward_dweight_reduce_kernel<<<ceil_div(C, 32), block, 0, stream>>>(dweight, scratch, n_chunks, C);
-        cudaCheckLaunch();
-    }
+    cudaCheckLaunch();
+    dim3 reduce_block(32, RMSNORM_REDUCE_GROUPS);
+    rmsnorm_backward_dweight_reduce_kernel<<<ceil_div(C, 32), reduce_block, 0, stream>>>(dweight, scratch, n_chunks,
+                                                                                          C);
+    cudaCheckLaunch();
 }
