@@ -275,6 +275,16 @@ static void time_algos(const char* name, const AlgoProblem& problem) {
 // searched on the zeroed gradients of the first step) gave the same losses bit for bit and no faster 1B step
 // (median 244.96 / 246.74 ms against 243.23 / 243.49 ms, alternating runs; no profile region faster), d12 1.9%
 // faster, 13 s more start-up for the 1B and 30 MB more memory: not kept.
+// Later (session 13, H100), two more tries at choosing for the power cap, neither kept:
+//   * energy per product from NVML's energy counter (nvmlDeviceGetTotalEnergyConsumption, loaded with dlopen), over
+//     blocks of 100 back-to-back runs: the counter moved in steps of about 700 mJ, so a 75-160 ms block read 0, 1 or
+//     2 steps and the per-product energy could not be resolved; blocks of several seconds would be needed.
+//   * the trainer's candidates timed as in that experiment, at the cap (5 interleaved rounds of 10 back-to-back
+//     runs, the median round): the spread between the heuristic's same-bits answers was up to 18% (w2 dinp 0.711 ms
+//     against the first answer's 0.839 ms, w13 forward 1.520 against 1.633 ms), but the 1B step chosen this way was
+//     slower than with the single cold timing matmul.cuh keeps (median 235.4 / 235.7 / 237.5 ms against 232.5 /
+//     232.4 / 234.5 ms, alternating; d12 43.2 / 43.5 against 43.0 / 43.0 ms), with the same losses bit for bit and
+//     4.4 s more start-up.
 static bool g_search_csv = false;            // also print every timing as a csv line
 static const char* g_search_only = nullptr;  // "shape:product,...": search only these
 
