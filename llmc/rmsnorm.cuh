@@ -47,6 +47,16 @@ template <int VEC>
 __device__ __forceinline__ void rmsnorm_store(floatX* p, const RmsnormPack<VEC>& x) {
     *reinterpret_cast<RmsnormPack<VEC>*>(p) = x;
 }
+// Issues the loads of the lane's PACKS packs of the segment starting at column seg of `row` (packs past C untouched).
+template <int VEC, int PACKS>
+__device__ __forceinline__ void rmsnorm_load_segment(RmsnormPack<VEC> (&dst)[PACKS], const floatX* row, int seg,
+                                                     int lane, int C) {
+#pragma unroll
+    for (int k = 0; k < PACKS; k++) {
+        int c = seg + (k * 32 + lane) * VEC;
+        if (c < C) dst[k] = rmsnorm_load<VEC>(row + c);
+    }
+}
 
 // One warp per row. FUSED: x = round(a + b) is first written to residual_out, and the norm uses the rounded values
 // (what the next layer's residual stream holds). Otherwise x = a (b and residual_out unused).
@@ -63,12 +73,8 @@ __global__ void rmsnorm_forward_kernel(floatX* residual_out, floatX* out, float*
     float sum_sq = 0.0f;
     for (int seg = 0; seg < C; seg += SEGMENT) {
         RmsnormPack<VEC> x[RMSNORM_PACKS], y[RMSNORM_PACKS];
-#pragma unroll
-        for (int k = 0; k < RMSNORM_PACKS; k++) {
-            int c = seg + (k * 32 + lane) * VEC;
-            if (c < C) x[k] = rmsnorm_load<VEC>(a + off + c);
-            if (FUSED && c < C) y[k] = rmsnorm_load<VEC>(b + off + c);
-        }
+        rmsnorm_load_segment(x, a + off, seg, lane, C);
+        if constexpr (FUSED) rmsnorm_load_segment(y, b + off, seg, lane, C);
 #pragma unroll
         for (int k = 0; k < RMSNORM_PACKS; k++) {
             int c = seg + (k * 32 + lane) * VEC;
@@ -85,12 +91,8 @@ __global__ void rmsnorm_forward_kernel(floatX* residual_out, floatX* out, float*
     float r = rsqrtf(sum_sq / (float)C + eps);
     const floatX* x_src = FUSED ? residual_out : a;
     for (int seg = 0; seg < C; seg += SEGMENT) {
-        RmsnormPack<VEC> x[RMSNORM_PACKS];
-#pragma unroll
-        for (int k = 0; k < RMSNORM_PACKS; k++) {
-            int c = seg + (k * 32 + lane) * VEC;
-            if (c < C) x[k] = seg == 0 ? first[k] : rmsnorm_load<VEC>(x_src + off + c);
-        }
+        RmsnormPack<VEC>(&x)[RMSNORM_PACKS] = first;  // segment 0 is already there; later ones replace it
+        if (seg > 0) rmsnorm_load_segment(x, x_src + off, seg, lane, C);
 #pragma unroll
         for (int k = 0; k < RMSNORM_PACKS; k++) {
             int c = seg + (k * 32 + lane) * VEC;
@@ -177,13 +179,8 @@ __global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
         float dot = 0.0f;
         for (int seg = 0; seg < C; seg += SEGMENT) {
             RmsnormPack<VEC> g[RMSNORM_BACKWARD_PACKS], x[RMSNORM_BACKWARD_PACKS];
-#pragma unroll
-            for (int k = 0; k < RMSNORM_BACKWARD_PACKS; k++) {
-                int c = seg + (k * 32 + lane) * VEC;
-                if (c >= C) continue;
-                g[k] = rmsnorm_load<VEC>(dout + off + c);
-                x[k] = rmsnorm_load<VEC>(inp + off + c);
-            }
+            rmsnorm_load_segment(g, dout + off, seg, lane, C);
+            rmsnorm_load_segment(x, inp + off, seg, lane, C);
 #pragma unroll
             for (int k = 0; k < RMSNORM_BACKWARD_PACKS; k++) {
                 int c = seg + (k * 32 + lane) * VEC;
@@ -197,14 +194,9 @@ __global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
         float mean = r * dot / (float)C;  // mean_c(dxhat * xhat)
         for (int seg = 0; seg < C; seg += SEGMENT) {
             RmsnormPack<VEC> g[RMSNORM_BACKWARD_PACKS], x[RMSNORM_BACKWARD_PACKS], d[RMSNORM_BACKWARD_PACKS];
-#pragma unroll
-            for (int k = 0; k < RMSNORM_BACKWARD_PACKS; k++) {
-                int c = seg + (k * 32 + lane) * VEC;
-                if (c >= C) continue;
-                d[k] = rmsnorm_load<VEC>(dinp + off + c);
-                g[k] = rmsnorm_load<VEC>(dout + off + c);
-                x[k] = rmsnorm_load<VEC>(inp + off + c);
-            }
+            rmsnorm_load_segment(d, dinp + off, seg, lane, C);
+            rmsnorm_load_segment(g, dout + off, seg, lane, C);
+            rmsnorm_load_segment(x, inp + off, seg, lane, C);
 #pragma unroll
             for (int k = 0; k < RMSNORM_BACKWARD_PACKS; k++) {
                 int c = seg + (k * 32 + lane) * VEC;
