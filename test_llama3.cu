@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
     model.forward(ref.inputs.data(), ref.targets.data(), ref.B, ref.T);
     model.classifier(ref.B, ref.T, 0.0f);
     float loss = (float)(model.loss_sum(N) / counted);
-    std::vector<float> logits = to_host_floats(model.acts.logits.ptr, (size_t)N * c.vocab_size);
+    std::vector<float> logits = to_host_floats(model.acts.logits, (size_t)N * c.vocab_size);
     checks.tensor("logits", logits.data(), ref.logits.data(), logits.size(),
                   bound(LOGITS_MAX_REL, torch_bf16.logits_max_rel, BF16_FLOOR),
                   bound(LOGITS_REL_NORM, torch_bf16.logits_rel_norm, BF16_FLOOR));

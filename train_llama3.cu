@@ -63,10 +63,15 @@ struct Activations {
     DeviceBuffer<floatX> hact;          // (L, N, F): silu(gate) * up (r1)
     DeviceBuffer<floatX> lnf;           // (N, C): final norm output
     DeviceBuffer<float> rstdf;          // (N)
-    DeviceBuffer<floatX> logits;        // (chunk, V): logits of a chunk of rows, then their gradient
     DeviceBuffer<float> losses;         // (N): per-row cross-entropy
     // backward scratch, reused by every layer
-    DeviceBuffer<floatX> dresidual, dnorm, datty, dqkv, dh13, dhact;
+    DeviceBuffer<floatX> dresidual, dnorm;
+    // One allocation holds the layers' backward scratch (datty, dqkv, dh13, dhact) and, over the same memory, the
+    // classifier's logits: (chunk, V), a chunk of rows' logits, then their gradient. Each is dead while the other is
+    // in use, so the chunk can be large: every chunk reads the (V, C) lm_head twice and reads and writes its gradient,
+    // the step's largest memory traffic after AdamW's.
+    DeviceBuffer<floatX> shared_scratch;
+    floatX *logits = nullptr, *datty = nullptr, *dqkv = nullptr, *dh13 = nullptr, *dhact = nullptr;
     DeviceBuffer<float> rmsnorm_scratch, attention_delta, norm_partials, norm_value;
     DeviceBuffer<int> inputs, targets;
 };
@@ -251,6 +256,7 @@ struct Llama3 {
     Activations acts;
     EmbeddingBackwardPlan embedding_plan;
     int B = 0, T = 0, classifier_chunk = 0;
+    bool overwrite_grads = false;      // zero_grad's zeros not yet written: the next backward overwrites instead of adding
     cudaStream_t stream = 0;
     std::vector<int> host_inputs;
     Profiler profiler;
@@ -382,7 +388,6 @@ struct Llama3 {
         const Llama3Config& c = config;
         size_t N = (size_t)B * T, C = c.dim, L = c.n_layers, F = c.ffn_hidden;
         size_t QKV = c.qkv_dim(), attn = (size_t)c.n_heads * c.head_dim();
-        classifier_chunk = (int)std::min<size_t>(N, std::max<size_t>(1, ((size_t)256 << 20) / c.vocab_size));
         Activations& a = acts;
         a.residual = DeviceBuffer<floatX>((L + 1) * N * C);
         a.residual_mid = DeviceBuffer<floatX>(L * N * C);
@@ -398,14 +403,22 @@ struct Llama3 {
         a.hact = DeviceBuffer<floatX>(L1 * N * F);
         a.lnf = DeviceBuffer<floatX>(N * C);
         a.rstdf = DeviceBuffer<float>(N);
-        a.logits = DeviceBuffer<floatX>((size_t)classifier_chunk * c.vocab_size);
         a.losses = DeviceBuffer<float>(N);
         a.dresidual = DeviceBuffer<floatX>(N * C);
         a.dnorm = DeviceBuffer<floatX>(N * C);
-        a.datty = DeviceBuffer<floatX>(N * attn);
-        a.dqkv = DeviceBuffer<floatX>(N * QKV);
-        a.dh13 = DeviceBuffer<floatX>(N * 2 * F);
-        a.dhact = DeviceBuffer<floatX>(N * F);
+        // The backward's scratch, each buffer at a 256-byte boundary (TMA and 16-byte accesses); the classifier's rows
+        // in chunks of equal size, as few as fit in that scratch plus 2^28 elements.
+        auto aligned = [](size_t count) { return (count * sizeof(floatX) + 255) / 256 * 256 / sizeof(floatX); };
+        size_t layer_scratch = aligned(N * 2 * F) + aligned(N * F) + aligned(N * attn) + aligned(N * QKV);
+        size_t max_rows = std::min(N, std::max<size_t>(1, (layer_scratch + ((size_t)1 << 28)) / c.vocab_size));
+        size_t chunks = (N + max_rows - 1) / max_rows;
+        classifier_chunk = (int)((N + chunks - 1) / chunks);
+        a.shared_scratch = DeviceBuffer<floatX>(std::max(layer_scratch, (size_t)classifier_chunk * c.vocab_size));
+        a.logits = a.shared_scratch.ptr;
+        a.dh13 = a.shared_scratch.ptr;
+        a.dhact = a.dh13 + aligned(N * 2 * F);
+        a.datty = a.dhact + aligned(N * F);
+        a.dqkv = a.datty + aligned(N * attn);
         a.rmsnorm_scratch = DeviceBuffer<float>(rmsnorm_backward_scratch_floats((int)N, (int)C));
         a.attention_delta = DeviceBuffer<float>(N * c.n_heads);
         a.norm_partials = DeviceBuffer<float>(global_norm_scratch_floats(1));
@@ -500,12 +513,12 @@ struct Llama3 {
         ProfileScope scope(profiler, "classifier (fwd + bwd)");
         for (int row = 0; row < N; row += classifier_chunk) {
             int rows = std::min(classifier_chunk, N - row);
-            matmul_forward(a.logits.ptr, a.lnf.ptr + (size_t)row * C, p.lm_head, rows, C, V, stream);
-            fused_classifier(a.logits.ptr, a.losses.ptr + row, dloss, a.targets.ptr + row, rows, V, dloss != 0.0f,
+            matmul_forward(a.logits, a.lnf.ptr + (size_t)row * C, p.lm_head, rows, C, V, stream);
+            fused_classifier(a.logits, a.losses.ptr + row, dloss, a.targets.ptr + row, rows, V, dloss != 0.0f,
                              stream);
             if (dloss != 0.0f) {
-                matmul_backward(a.dnorm.ptr + (size_t)row * C, g.lm_head, a.logits.ptr, a.lnf.ptr + (size_t)row * C,
-                                p.lm_head, rows, C, V, stream);
+                matmul_backward(a.dnorm.ptr + (size_t)row * C, g.lm_head, a.logits, a.lnf.ptr + (size_t)row * C,
+                                p.lm_head, rows, C, V, !(overwrite_grads && row == 0), stream);
             }
         }
     }
@@ -566,9 +579,10 @@ struct Llama3 {
         if (!overlap_reduction) cudaCheck(cudaStreamWaitEvent(stream, comm_done));
     }
 
-    // Backward of the last forward and classifier(..., dloss != 0); gradients accumulate into `grads`. With `reduce` (several GPUs:
-    // the last micro-batch of a step, or every one with stage 2) each layer's gradients are summed over the ranks
-    // as soon as the layer is done, overlapping the layers below; the head tensors go last and are waited for.
+    // Backward of the last forward and classifier(..., dloss != 0); gradients accumulate into `grads` (the first
+    // backward after zero_grad writes them). With `reduce` (several GPUs: the last micro-batch of a step, or every
+    // one with stage 2) each layer's gradients are summed over the ranks as soon as the layer is done, overlapping
+    // the layers below; the head tensors go last and are waited for.
     // `accumulate`: stage 2 adds into the gradient shard instead of overwriting it (micro-batches after the first).
     void backward(int b, int t, bool reduce = false, bool accumulate = false) {
         const Llama3Config& c = config;
@@ -581,8 +595,9 @@ struct Llama3 {
         Profiler& prof = profiler;
         prof.begin("bwd final norm");
         cudaCheck(cudaMemsetAsync(a.dresidual.ptr, 0, NC * sizeof(floatX), stream));
+        bool add = !overwrite_grads;  // to the gradients, or over them (the step's first micro-batch)
         rmsnorm_backward(a.dresidual.ptr, hg.final_norm, a.rmsnorm_scratch.ptr, a.dnorm.ptr, a.residual.ptr + L * NC,
-                         p.final_norm, a.rstdf.ptr, N, C, stream);
+                         p.final_norm, a.rstdf.ptr, N, C, add, stream);
         prof.end();
         for (int l = L - 1; l >= 0; l--) {
             ParamTensors<floatX> g = layer_grads(l);
@@ -610,39 +625,39 @@ struct Llama3 {
             // the MLP branch: dresidual is the gradient of its output. The w2 weight gradient comes after the swiglu
             // backward, which also recomputes hact (at recompute level 1 and up) from its one pass over h13.
             prof.begin("bwd w2 matmul + swiglu");
-            matmul_backward(a.dhact.ptr, nullptr, a.dresidual.ptr, nullptr, p.w2 + (size_t)l * C * F, N, F, C, stream);
-            swiglu_backward(a.dh13.ptr, recompute >= 1 ? hact : nullptr, a.dhact.ptr, h13, N, F, stream);
-            matmul_backward(nullptr, g.w2, a.dresidual.ptr, hact, p.w2 + (size_t)l * C * F, N, F, C, stream);
+            matmul_backward(a.dhact, nullptr, a.dresidual.ptr, nullptr, p.w2 + (size_t)l * C * F, N, F, C, add,
+                            stream);
+            swiglu_backward(a.dh13, recompute >= 1 ? hact : nullptr, a.dhact, h13, N, F, stream);
+            matmul_backward(nullptr, g.w2, a.dresidual.ptr, hact, p.w2 + (size_t)l * C * F, N, F, C, add, stream);
             prof.end();
             prof.begin("bwd w13 matmul + norm");
-            matmul_backward(a.dnorm.ptr, g.w13, a.dh13.ptr, ln2,
-                            p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, stream);
+            matmul_backward(a.dnorm.ptr, g.w13, a.dh13, ln2, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, add, stream);
             rmsnorm_backward(a.dresidual.ptr, g.ffn_norm, a.rmsnorm_scratch.ptr, a.dnorm.ptr, mid,
-                             p.ffn_norm + (size_t)l * C, rstd2, N, C, stream);
+                             p.ffn_norm + (size_t)l * C, rstd2, N, C, add, stream);
             prof.end();
             // the attention branch
             prof.begin("bwd wo matmul");
-            matmul_backward(a.datty.ptr, g.wo, a.dresidual.ptr, atty,
-                            p.wo + (size_t)l * C * H * hd, N, H * hd, C, stream);
+            matmul_backward(a.datty, g.wo, a.dresidual.ptr, atty, p.wo + (size_t)l * C * H * hd, N, H * hd, C, add,
+                            stream);
             prof.end();
             prof.begin("bwd attention");
-            attention_backward(a.dqkv.ptr, a.attention_delta.ptr, a.datty.ptr, qkv, atty, a.lse.ptr + (size_t)l * N * H,
+            attention_backward(a.dqkv, a.attention_delta.ptr, a.datty, qkv, atty, a.lse.ptr + (size_t)l * N * H,
                                b, t, H, KV, hd, stream);
             prof.end();
             prof.begin("bwd rope");
-            rope_backward(a.dqkv.ptr, rope_table.ptr, b, t, H, KV, hd, stream);
+            rope_backward(a.dqkv, rope_table.ptr, b, t, H, KV, hd, stream);
             prof.end();
             prof.begin("bwd qkv matmul + norm");
-            matmul_backward(a.dnorm.ptr, g.wqkv, a.dqkv.ptr, ln1, p.wqkv + (size_t)l * QKV * C,
-                            N, C, QKV, stream);
+            matmul_backward(a.dnorm.ptr, g.wqkv, a.dqkv, ln1, p.wqkv + (size_t)l * QKV * C, N, C, QKV, add, stream);
             rmsnorm_backward(a.dresidual.ptr, g.attn_norm, a.rmsnorm_scratch.ptr, a.dnorm.ptr, x,
-                             p.attn_norm + (size_t)l * C, rstd1, N, C, stream);
+                             p.attn_norm + (size_t)l * C, rstd1, N, C, add, stream);
             prof.end();
             if (reduce) reduce_gradients(shards.layer_slices[l], g, accumulate, slot_free[l % 2]);
         }
         ProfileScope scope(prof, "bwd embedding");
         embedding_plan.build(host_inputs.data(), N, stream);
         encoder_backward(hg.tok_embedding, a.dresidual.ptr, embedding_plan, C, stream);
+        overwrite_grads = false;
         if (reduce) {
             reduce_gradients(shards.head_slices, hg, accumulate, nullptr);
             cudaCheck(cudaStreamWaitEvent(stream, comm_done));
@@ -653,7 +668,20 @@ struct Llama3 {
         }
     }
 
-    void zero_grad() { cudaCheck(cudaMemsetAsync(grads.ptr, 0, grads.bytes(), stream)); }
+    // The gradients restart at zero. Outside ZeRO stage 2 that takes no pass over them: the next classifier and
+    // backward write every gradient instead of adding to it (beta = 0 in the matmuls, which then do not read it),
+    // except the untied embedding's, to which the backward adds row by row; that one alone is cleared here.
+    void zero_grad() {
+        if (zero_stage == 2) {  // the backward clears and reduces the gradient slots itself, and adds to the shard
+            cudaCheck(cudaMemsetAsync(grads.ptr, 0, grads.bytes(), stream));
+            return;
+        }
+        overwrite_grads = true;
+        if (!config.tied_embeddings) {
+            floatX* embedding = point_params(grads.ptr, config).tok_embedding;
+            cudaCheck(cudaMemsetAsync(embedding, 0, (size_t)config.vocab_size * config.dim * sizeof(floatX), stream));
+        }
+    }
 
     // Global gradient norm (before clipping), over the summed gradients: this rank's whole buffer, or with a sharded
     // optimizer the ranks' shards, whose partial sums are added over the ranks (the same total on every rank).
@@ -1037,9 +1065,9 @@ static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, 
     while ((int)tokens.size() < max_len) {
         int n = (int)tokens.size();
         model.forward(tokens.data(), nullptr, 1, n);
-        matmul_forward(model.acts.logits.ptr, model.acts.lnf.ptr + (size_t)(n - 1) * c.dim, p.lm_head, 1, c.dim,
+        matmul_forward(model.acts.logits, model.acts.lnf.ptr + (size_t)(n - 1) * c.dim, p.lm_head, 1, c.dim,
                        c.vocab_size, model.stream);
-        cudaCheck(cudaMemcpyAsync(logits.data(), model.acts.logits.ptr, c.vocab_size * sizeof(floatX),
+        cudaCheck(cudaMemcpyAsync(logits.data(), model.acts.logits, c.vocab_size * sizeof(floatX),
                                   cudaMemcpyDeviceToHost, model.stream));
         cudaCheck(cudaStreamSynchronize(model.stream));
         float maxval = -INFINITY;

@@ -64,8 +64,8 @@ inline void* g_cublaslt_workspace = nullptr;
 // shape keeps results bit-identical from step to step.
 //
 // Choosing: the heuristic's first answer is not always the fastest (on an H200 other candidates it offers run some
-// of the Llama 3.2 1B products 3-9% faster; dev/cuda/matmul.cu "algos"). So for products that overwrite D (beta = 0:
-// the forward and dinp), the first call times up to MATMUL_CANDIDATES answers on its own operands and keeps the
+// of the Llama 3.2 1B products 3-9% faster; dev/cuda/matmul.cu "algos"). So for the forward and dinp products (which
+// overwrite D, beta = 0), the first call times up to MATMUL_CANDIDATES answers on its own operands and keeps the
 // fastest among those that compute every output element exactly as the first answer does, so that runs stay
 // bit-reproducible whichever candidate wins the timing. A candidate qualifies when
 //   * it is the same kernel (algorithm id) as the first answer and neither splits the reduction (split-K 1);
@@ -74,7 +74,10 @@ inline void* g_cublaslt_workspace = nullptr;
 //     an output of at least MATMUL_MIN_TIMED elements: a kernel that sums in another order then differs somewhere
 //     with near certainty. On small outputs bf16 rounding can hide a different order (a split-K candidate passed
 //     the hash on a test model's 128-row products and diverged later), and small products are not worth timing.
-// dweight (beta = 1, accumulating into D) keeps the first answer: timing it would need a copy of D.
+// dweight keeps the first answer: its product accumulates into D (beta = 1), or overwrites D on a step's first
+// micro-batch (beta = 0), with one algorithm for both, and timing the accumulating call would need a copy of D. Timing
+// the overwriting call instead was tried: a 1B step no faster (H100, 236.5 / 236.7 / 239.9 ms against 236.8 / 236.4 /
+// 237.6 ms untimed).
 // dev/cuda/matmul.cu "algos" lists, per 1B product, each candidate's configuration, whether its output is
 // bit-identical to the first answer's, and its speed. Its "search" goes through every configuration of the first
 // answer's kernel: some run 8-39% faster alone, but with them the 1B step was no faster, since a training step keeps
@@ -247,9 +250,10 @@ inline cublasLtMatmulAlgo_t matmul_algo(cublasLtMatmulDesc_t desc, cublasLtMatri
 }
 
 // D (m, n) = alpha * op(A) @ op(B) + beta * C, all column-major, with C = D (in place). `a_rows`/`b_rows` are the
-// stored (column-major) row counts of A and B, which are also their leading dimensions (tightly packed).
+// stored (column-major) row counts of A and B, which are also their leading dimensions (tightly packed). may_time:
+// the first call of a problem may time candidates (matmul_algo; only where beta = 0).
 inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, int m, int n, int k, bool trans_a,
-                            bool trans_b, float beta, cudaStream_t stream) {
+                            bool trans_b, float beta, bool may_time, cudaStream_t stream) {
     if (g_cublaslt_handle == nullptr) {
         fprintf(stderr, "matmul: call matmul_init() first\n");
         fail_exit();
@@ -281,7 +285,7 @@ inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, int m, 
                                    layout_d, &algo, g_cublaslt_workspace, MATMUL_WORKSPACE_BYTES, stream));
     };
     const MatmulKey key = {m, n, k, trans_a, trans_b, align_a, align_b, align_d};
-    run(matmul_algo(desc, layout_a, layout_b, layout_d, key, beta == 0.0f, d, run, stream));
+    run(matmul_algo(desc, layout_a, layout_b, layout_d, key, may_time && beta == 0.0f, d, run, stream));
 
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
@@ -292,17 +296,21 @@ inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, int m, 
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T. Overwrites out.
 inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, int N, int C, int OC,
                            cudaStream_t stream) {
-    matmul_cublaslt(out, weight, inp, OC, N, C, /*trans_a=*/true, /*trans_b=*/false, /*beta=*/0.0f, stream);
+    matmul_cublaslt(out, weight, inp, OC, N, C, /*trans_a=*/true, /*trans_b=*/false, /*beta=*/0.0f, /*may_time=*/true,
+                    stream);
 }
 
 // dinp (N, C) = dout (N, OC) @ weight (OC, C)         OVERWRITES dinp    (skipped when dinp == nullptr)
 // dweight (OC, C) += dout (N, OC)^T @ inp (N, C)      ACCUMULATES        (skipped when dweight == nullptr)
+//                                                     or overwrites, with accumulate = false (beta = 0: D is not read)
 inline void matmul_backward(floatX* dinp, floatX* dweight, const floatX* dout, const floatX* inp,
-                            const floatX* weight, int N, int C, int OC, cudaStream_t stream) {
+                            const floatX* weight, int N, int C, int OC, bool accumulate, cudaStream_t stream) {
     if (dinp != nullptr) {
-        matmul_cublaslt(dinp, weight, dout, C, N, OC, /*trans_a=*/false, /*trans_b=*/false, /*beta=*/0.0f, stream);
+        matmul_cublaslt(dinp, weight, dout, C, N, OC, /*trans_a=*/false, /*trans_b=*/false, /*beta=*/0.0f,
+                        /*may_time=*/true, stream);
     }
     if (dweight != nullptr) {
-        matmul_cublaslt(dweight, inp, dout, C, OC, N, /*trans_a=*/false, /*trans_b=*/true, /*beta=*/1.0f, stream);
+        matmul_cublaslt(dweight, inp, dout, C, OC, N, /*trans_a=*/false, /*trans_b=*/true, accumulate ? 1.0f : 0.0f,
+                        /*may_time=*/false, stream);
     }
 }

@@ -219,12 +219,13 @@ __global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
     }
 }
 
-// dweight[c] += sum of scratch[chunk, c] over the chunks. Block (32 columns) x (8 chunk groups): thread y sums
+// dweight[c] += (or with accumulate = false, =) the sum of scratch[chunk, c] over the chunks. Block (32 columns) x (8 chunk groups): thread y sums
 // chunks y, y + 8, ... in ascending order, then thread y = 0 adds the 8 group sums in order y = 0..7. The order is
 // fixed by N alone, so the result is bit-identical run to run; splitting each column over 8 threads keeps the chain
 // of dependent loads short (up to 64 instead of 512).
 constexpr int RMSNORM_REDUCE_GROUPS = 8;
-__global__ void rmsnorm_backward_dweight_reduce_kernel(floatX* dweight, const float* scratch, int n_chunks, int C) {
+__global__ void rmsnorm_backward_dweight_reduce_kernel(floatX* dweight, const float* scratch, int n_chunks, int C,
+                                                       bool accumulate) {
     __shared__ float group_sums[RMSNORM_REDUCE_GROUPS][32];
     int c = blockIdx.x * 32 + threadIdx.x;
     float sum = 0.0f;
@@ -236,7 +237,7 @@ __global__ void rmsnorm_backward_dweight_reduce_kernel(floatX* dweight, const fl
     if (threadIdx.y == 0 && c < C) {
         float total = 0.0f;
         for (int y = 0; y < RMSNORM_REDUCE_GROUPS; y++) total += group_sums[y][threadIdx.x];
-        dweight[c] = from_float<floatX>(to_float(dweight[c]) + total);
+        dweight[c] = from_float<floatX>(accumulate ? to_float(dweight[c]) + total : total);
     }
 }
 
@@ -263,10 +264,11 @@ inline size_t rmsnorm_backward_smem(int C) {
 }
 
 // dinp (N, C) += dx (accumulates into the residual gradient); dweight (C) += sum_n dout * xhat (accumulates,
-// deterministic). scratch: rmsnorm_backward_scratch_floats(N, C) floats, contents don't matter, clobbered.
+// deterministic; with accumulate = false it is overwritten instead). scratch: rmsnorm_backward_scratch_floats(N, C) floats, contents don't matter, clobbered.
 // dinp must not alias dout or inp.
 inline void rmsnorm_backward(floatX* dinp, floatX* dweight, float* scratch, const floatX* dout, const floatX* inp,
-                             const floatX* weight, const float* rstd, int N, int C, cudaStream_t stream) {
+                             const floatX* weight, const float* rstd, int N, int C, bool accumulate,
+                             cudaStream_t stream) {
     if (N <= 0 || C <= 0) return;
     int rows_per_chunk = rmsnorm_backward_rows_per_chunk(N);
     int n_chunks = rmsnorm_backward_chunks(N);
@@ -283,6 +285,6 @@ inline void rmsnorm_backward(floatX* dinp, floatX* dweight, float* scratch, cons
     cudaCheckLaunch();
     dim3 reduce_block(32, RMSNORM_REDUCE_GROUPS);
     rmsnorm_backward_dweight_reduce_kernel<<<ceil_div(C, 32), reduce_block, 0, stream>>>(dweight, scratch, n_chunks,
-                                                                                          C);
+                                                                                          C, accumulate);
     cudaCheckLaunch();
 }

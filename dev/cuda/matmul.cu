@@ -59,9 +59,9 @@ static void matmul_forward_gpu(int version, floatX* out, const floatX* inp, cons
 }
 
 static void matmul_backward_gpu(int version, floatX* dinp, floatX* dweight, const floatX* dout, const floatX* inp,
-                                const floatX* w, int N, int C, int OC) {
+                                const floatX* w, int N, int C, int OC, bool accumulate = true) {
     switch (version) {
-        case 1: matmul_backward(dinp, dweight, dout, inp, w, N, C, OC, 0); break;
+        case 1: matmul_backward(dinp, dweight, dout, inp, w, N, C, OC, accumulate, 0); break;
         default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);
     }
 }
@@ -115,6 +115,12 @@ static void validate_shape(int version, int N, int C, int OC, uint64_t seed, int
     // dinp == nullptr: only dweight, accumulating a second time
     matmul_backward_gpu(version, nullptr, d_dw, d_dout, d_inp, d_w, N, C, OC);
     validate("dweight (init + 2x)", take_rows(host_from_device(d_dw, n_w), C, o_rows), take_rows(dw_ref2, C, o_rows),
+             tolerance);
+
+    // overwriting dweight (a step's first micro-batch): poisoned, so every element must be written
+    poison(d_dw, n_w * sizeof(floatX));
+    matmul_backward_gpu(version, nullptr, d_dw, d_dout, d_inp, d_w, N, C, OC, /*accumulate=*/false);
+    validate("dweight (overwritten)", take_rows(host_from_device(d_dw, n_w), C, o_rows), take_rows(dw_prod, C, o_rows),
              tolerance);
 
     // dweight == nullptr: only dinp
@@ -399,8 +405,8 @@ int main(int argc, char** argv) {
     matmul_init(0);
 
     if (argc > 2 && (strcmp(argv[2], "algos") == 0 || strcmp(argv[2], "search") == 0)) {
-        // llama3.2-1B's products as the trainer issues them: N = B*T = 16384 tokens, the lm_head in chunks of 2093
-        // rows (256 Mi logits).
+        // llama3.2-1B's products as the trainer issued them when these experiments ran: N = B*T = 16384 tokens, the
+        // lm_head in chunks of 2093 rows (256 Mi logits; the trainer now takes 3 chunks of 5462 rows).
         printf("llama3.2-1B shapes: qkv, wo, w13, w2, lm_head; %s\n",
                strcmp(argv[2], "algos") == 0 ? "every algorithm the heuristic offers" : "every configuration");
         auto experiment = strcmp(argv[2], "algos") == 0 ? time_algos : search_algos;

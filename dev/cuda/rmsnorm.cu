@@ -159,7 +159,8 @@ inline void rmsnorm_backward_v1(floatX* dinp, floatX* dweight, float* scratch, c
         cudaCheckLaunch();
     }
     dim3 block(32, RMSNORM_REDUCE_GROUPS);
-    rmsnorm_backward_dweight_reduce_kernel<<<ceil_div(C, 32), block, 0, stream>>>(dweight, scratch, n_chunks, C);
+    rmsnorm_backward_dweight_reduce_kernel<<<ceil_div(C, 32), block, 0, stream>>>(dweight, scratch, n_chunks, C,
+                                                                                   true);
     cudaCheckLaunch();
 }
 
@@ -230,7 +231,7 @@ static void rmsnorm_backward_v2(floatX* dinp, floatX* dweight, float* scratch, c
     else launch_backward_v2<1>(dinp, scratch, dout, inp, weight, rstd, N, C);
     dim3 block(32, RMSNORM_REDUCE_GROUPS);
     rmsnorm_backward_dweight_reduce_kernel<<<ceil_div(C, 32), block>>>(dweight, scratch,
-                                                                        rmsnorm_backward_chunks(N), C);
+                                                                        rmsnorm_backward_chunks(N), C, true);
     cudaCheckLaunch();
 }
 
@@ -245,7 +246,7 @@ static void backward_version(int version, floatX* dinp, floatX* dweight, float* 
                              const floatX* inp, const floatX* weight, const float* rstd, int N, int C) {
     if (version == 1) rmsnorm_backward_v1(dinp, dweight, scratch, dout, inp, weight, rstd, N, C, 0);
     else if (version == 2) rmsnorm_backward_v2(dinp, dweight, scratch, dout, inp, weight, rstd, N, C);
-    else rmsnorm_backward(dinp, dweight, scratch, dout, inp, weight, rstd, N, C, 0);
+    else rmsnorm_backward(dinp, dweight, scratch, dout, inp, weight, rstd, N, C, true, 0);
 }
 
 // forward version 2 = llmc/rmsnorm.cuh
@@ -340,6 +341,22 @@ static void test_case(int N, int C, uint64_t seed) {
         validate_bitwise("dinp determinism", d_dinp[0], d_dinp[1], NC);
         validate_bitwise("dweight determinism", d_dw[0], d_dw[1], C);
         for (void* p : {(void*)d_dinp[0], (void*)d_dinp[1], (void*)d_dw[0], (void*)d_dw[1]}) cudaCheck(cudaFree(p));
+    }
+    // the trainer's kernel overwriting dweight (a step's first micro-batch): poisoned dweight, reference from zero
+    {
+        std::vector<float> ref_dinp_over = dinp0, ref_dw_over(C, 0.0f);
+        cpu::rmsnorm_backward(ref_dinp_over.data(), ref_dw_over.data(), dout.data(), a.data(), w.data(),
+                              rstd_gpu.data(), N, C);
+        floatX* d_dinp = device_from_host<floatX>(dinp0);
+        floatX* d_dw;
+        cudaCheck(cudaMalloc(&d_dw, C * sizeof(floatX)));
+        poison(d_dw, C * sizeof(floatX));
+        rmsnorm_backward(d_dinp, d_dw, d_scratch, d_dout, d_a, d_w, d_rstd, N, C, false, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        validate("backward dinp (dweight overwritten)", host_from_device(d_dinp, NC), ref_dinp_over);
+        validate("backward dweight (overwritten)", host_from_device(d_dw, C), ref_dw_over);
+        cudaCheck(cudaFree(d_dinp));
+        cudaCheck(cudaFree(d_dw));
     }
 
     for (void* p : {(void*)d_a, (void*)d_b, (void*)d_w, (void*)d_dout, (void*)d_out, (void*)d_res, (void*)d_rstd,
