@@ -25,6 +25,9 @@
 //   fused, cooperative 128x256                    1.33-1.40 alone, 1.36-1.46 sustained
 //   fused, ping-pong 128x128 cluster 1x2          1.26-1.42 alone, 1.41-1.52 sustained
 //   fused, ping-pong 128x128 cluster 2x1          1.32-1.42 alone, 1.42-1.57 sustained
+// Tried once more and removed (a second run of the three above landed inside these ranges):
+//   fused, ping-pong 128x128 cluster 1x2, epilogue subtile 64x64   1.54-1.58 alone, 1.55-1.60 sustained
+//   fused, cooperative 256x128 cluster 2x1, subtile 128x32         1.94-2.01 alone, 1.95 sustained
 // Every configuration validates (dh13 within 2.8e-3 of the trainer's path, hact bit-identical), and every one is
 // slower than the two kernels it replaces. The separate pass takes 0.53 ms (ncu), so the product about 0.7. By our
 // count the fused epilogue moves 320 KB per 128x256 tile, about 14 us of one SM's share of HBM bandwidth, against
