@@ -18,14 +18,14 @@
 // best plain GEMM in dev/cuda/matmul_cutlass.cu), and ping-pong 128x128 (cluster 1x2 or 2x1), where one consumer
 // warpgroup's epilogue can run beside the other's mainloop.
 //
-// Measured on an NVIDIA H100 80GB HBM3 (700 W), ms per call at the 1B layer, three rounds each, the trainer's path
-// timed alternately in the same rounds ("alone": median of 50 single calls; "sustained": 200 back to back, at the
-// power cap):
-//   trainer's path (cuBLASLt + swiglu_backward)   1.21-1.30 alone, 1.22-1.36 sustained
-//   fused, cooperative 128x256                    1.33-1.40 alone, 1.36-1.46 sustained
-//   fused, ping-pong 128x128 cluster 1x2          1.26-1.42 alone, 1.41-1.52 sustained
-//   fused, ping-pong 128x128 cluster 2x1          1.32-1.42 alone, 1.42-1.57 sustained
-// Tried once more and removed (a second run of the three above landed inside these ranges):
+// Measured on an NVIDIA H100 80GB HBM3 (700 W), ms per call at the 1B layer, runs of three rounds each, the
+// trainer's path timed alternately in the same rounds ("alone": median of 50 single calls; "sustained": 200 back to
+// back, at the power cap):
+//   trainer's path (cuBLASLt + swiglu_backward)   1.19-1.30 alone, 1.20-1.36 sustained
+//   fused, cooperative 128x256                    1.32-1.40 alone, 1.35-1.46 sustained
+//   fused, ping-pong 128x128 cluster 1x2          1.22-1.42 alone, 1.38-1.52 sustained
+//   fused, ping-pong 128x128 cluster 2x1          1.27-1.42 alone, 1.38-1.57 sustained
+// Tried in the second run only, and removed:
 //   fused, ping-pong 128x128 cluster 1x2, epilogue subtile 64x64   1.54-1.58 alone, 1.55-1.60 sustained
 //   fused, cooperative 256x128 cluster 2x1, subtile 128x32         1.94-2.01 alone, 1.95 sustained
 // Every configuration validates (dh13 within 2.8e-3 of the trainer's path, hact bit-identical), and every one is
