@@ -57,6 +57,8 @@ int main() {
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 
+#include "cutlass_gemm.h"
+
 // One CUTLASS GEMM configuration: tile shape, cluster shape, mainloop and epilogue schedules.
 template <int TILE_M, int TILE_N, int CLUSTER_M, int CLUSTER_N, class MainloopSchedule, class EpilogueSchedule,
           int SWIZZLE = 1>
@@ -77,9 +79,7 @@ struct CutlassMatmul {
     using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-    Gemm gemm;
-    void* workspace = nullptr;
-    size_t workspace_bytes = 0;
+    CutlassGemm<Gemm> gemm;
 
     // Prepares out = inp . weight^T for these pointers and sizes; false if CUTLASS cannot run it.
     bool setup(floatX* out, const floatX* inp, const floatX* weight, int M, int N, int K) {
@@ -96,22 +96,9 @@ struct CutlassMatmul {
              reinterpret_cast<const Element*>(out), cutlass::make_cute_packed_stride(StrideC{}, {M, N, 1}),
              reinterpret_cast<Element*>(out), cutlass::make_cute_packed_stride(StrideD{}, {M, N, 1})}};
         args.scheduler.max_swizzle_size = SWIZZLE;  // tiles visited in SWIZZLE-wide bands, for L2 reuse
-        if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
-        size_t need = Gemm::get_workspace_size(args);
-        if (need > workspace_bytes) {
-            if (workspace) cudaCheck(cudaFree(workspace));
-            cudaCheck(cudaMalloc(&workspace, need));
-            workspace_bytes = need;
-        }
-        return gemm.initialize(args, workspace) == cutlass::Status::kSuccess;
+        return gemm.initialize(args);
     }
-    void run() {
-        if (gemm.run() != cutlass::Status::kSuccess) {
-            printf("CUTLASS run failed\n");
-            exit(1);
-        }
-        cudaCheck(cudaGetLastError());
-    }
+    void run() { gemm.run(); }
 };
 
 using Coop128x256 = CutlassMatmul<128, 256, 2, 1, cutlass::gemm::KernelTmaWarpSpecializedCooperative,

@@ -21,15 +21,16 @@
 // Measured on an NVIDIA H100 80GB HBM3 (700 W), ms per call at the 1B layer, runs of three rounds each, the
 // trainer's path timed alternately in the same rounds ("alone": median of 50 single calls; "sustained": 200 back to
 // back, at the power cap):
-//   trainer's path (cuBLASLt + swiglu_backward)   1.19-1.30 alone, 1.20-1.36 sustained
+//   trainer's path (cuBLASLt + swiglu_backward)   1.19-1.35 alone, 1.20-1.36 sustained
 //   fused, cooperative 128x256                    1.32-1.40 alone, 1.35-1.46 sustained
-//   fused, ping-pong 128x128 cluster 1x2          1.22-1.42 alone, 1.38-1.52 sustained
+//   fused, ping-pong 128x128 cluster 1x2          1.22-1.42 alone, 1.37-1.52 sustained
 //   fused, ping-pong 128x128 cluster 2x1          1.27-1.42 alone, 1.38-1.57 sustained
 // Tried in the second run only, and removed:
 //   fused, ping-pong 128x128 cluster 1x2, epilogue subtile 64x64   1.54-1.58 alone, 1.55-1.60 sustained
 //   fused, cooperative 256x128 cluster 2x1, subtile 128x32         1.94-2.01 alone, 1.95 sustained
-// Every configuration validates (dh13 within 2.8e-3 of the trainer's path, hact bit-identical), and every one is
-// slower than the two kernels it replaces. The separate pass takes 0.53 ms (ncu), so the product about 0.7. By our
+// Every configuration validates (dh13 within 2.8e-3 of the trainer's path, hact bit-identical). Sustained, every one
+// is slower than the two kernels it replaces in every round; alone, ping-pong 1x2 was ahead in one round of nine
+// (1.325 against 1.353 ms). The separate pass takes 0.53 ms (ncu), so the product about 0.7. By our
 // count the fused epilogue moves 320 KB per 128x256 tile, about 14 us of one SM's share of HBM bandwidth, against
 // about 20 us of mainloop; it costs more than the pass it saves. The cooperative schedule runs it after each
 // tile's mainloop, and ping-pong did not hide it either. So the trainer keeps cuBLASLt and the separate pass
@@ -60,6 +61,8 @@ int main() {
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
+
+#include "cutlass_gemm.h"
 
 // The epilogue's elementwise functions, on fragments (cutlass::Array<float, n>), the same expressions as
 // swiglu_backward_kernel.
@@ -151,9 +154,7 @@ using Pingpong128x128Cluster2x1 = FusedConfig<128, 128, 2, 1, cutlass::gemm::Ker
 // (N, 2F), hact (N, F) out.
 template <class Config>
 struct FusedSwigluBackward {
-    typename Config::Gemm gemm;
-    void* workspace = nullptr;
-    size_t workspace_bytes = 0;
+    CutlassGemm<typename Config::Gemm> gemm;
 
     bool setup(floatX* dh13, floatX* hact, const floatX* dres, const floatX* w2, const floatX* h13, int N, int C,
                int F) {
@@ -187,25 +188,9 @@ struct FusedSwigluBackward {
             {reinterpret_cast<const Element*>(dres), cutlass::make_cute_packed_stride(StrideA{}, {N, C, 1}),
              reinterpret_cast<const Element*>(w2), cutlass::make_cute_packed_stride(StrideB{}, {F, C, 1})},
             {fusion_args, nullptr, stride_d, d_gate, stride_d}};
-        if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
-        size_t need = Config::Gemm::get_workspace_size(args);
-        if (need > workspace_bytes) {
-            if (workspace) cudaCheck(cudaFree(workspace));
-            cudaCheck(cudaMalloc(&workspace, need));
-            workspace_bytes = need;
-        }
-        return gemm.initialize(args, workspace) == cutlass::Status::kSuccess;
+        return gemm.initialize(args);
     }
-    void run() {
-        if (gemm.run() != cutlass::Status::kSuccess) {
-            printf("CUTLASS run failed\n");
-            exit(1);
-        }
-        cudaCheck(cudaGetLastError());
-    }
-    ~FusedSwigluBackward() {
-        if (workspace) cudaFree(workspace);
-    }
+    void run() { gemm.run(); }
 };
 
 // The trainer's path: cuBLASLt writes dhact, then the SwiGLU backward pass.
