@@ -41,6 +41,16 @@ __device__ __forceinline__ void classifier_online(float& m, float& s, float v) {
     }
 }
 
+// Issues a thread's CLASSIFIER_BATCH 16-byte loads of a row's vector body, packs k0, k0 + blockDim.x, ... (those
+// below n_vec), before any is used.
+__device__ __forceinline__ void classifier_load_batch(int4 (&raw)[CLASSIFIER_BATCH], const int4* body, int k0,
+                                                      int n_vec) {
+    for (int u = 0; u < CLASSIFIER_BATCH; u++) {
+        int k = k0 + u * blockDim.x;
+        if (k < n_vec) raw[u] = body[k];
+    }
+}
+
 // The row split: elements [0, head) and [tail, V) are scalar, [head, tail) is n_vec aligned vectors.
 struct ClassifierRowSplit {
     int head, n_vec, tail;
@@ -75,10 +85,7 @@ __global__ void __launch_bounds__(CLASSIFIER_BLOCK)
     const int4* body = reinterpret_cast<const int4*>(x + split.head);
     for (int k0 = threadIdx.x; k0 < split.n_vec; k0 += CLASSIFIER_BATCH * blockDim.x) {
         int4 raw[CLASSIFIER_BATCH];
-        for (int u = 0; u < CLASSIFIER_BATCH; u++) {
-            int k = k0 + u * blockDim.x;
-            if (k < split.n_vec) raw[u] = body[k];
-        }
+        classifier_load_batch(raw, body, k0, split.n_vec);
         for (int u = 0; u < CLASSIFIER_BATCH; u++) {
             if (k0 + u * blockDim.x >= split.n_vec) break;
             const floatX* v = reinterpret_cast<const floatX*>(&raw[u]);
@@ -117,10 +124,7 @@ __global__ void __launch_bounds__(CLASSIFIER_BLOCK)
     int4* body_out = reinterpret_cast<int4*>(x + split.head);
     for (int k0 = threadIdx.x; k0 < split.n_vec; k0 += CLASSIFIER_BATCH * blockDim.x) {
         int4 raw[CLASSIFIER_BATCH];
-        for (int u = 0; u < CLASSIFIER_BATCH; u++) {
-            int k = k0 + u * blockDim.x;
-            if (k < split.n_vec) raw[u] = body_out[k];
-        }
+        classifier_load_batch(raw, body_out, k0, split.n_vec);
         for (int u = 0; u < CLASSIFIER_BATCH; u++) {
             int k = k0 + u * blockDim.x;
             if (k >= split.n_vec) break;
