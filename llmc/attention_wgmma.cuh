@@ -47,12 +47,14 @@
 //   P^T = exp2(S^T scale log2 e - lse log2 e), 0 where key > query or query >= T; bf16 A registers
 //   dV += P^T dO                      wgmma m64nHDk16, A from registers, B = dO tile MN-major ("transpose B")
 //   dS^T = P^T o (dP^T - D); bf16 A registers
-//   dK += dS^T Q                      wgmma m64nHDk16, as dV; at hd 64 left running into the next item, whose S^T
-//                                     wait covers it (then that item releases this one's stage); at hd 128 waited
-//                                     for at once (the registers it keeps alive cost more there than the overlap
-//                                     gains); a stage is released on empty[s] (256 arrivals)
-// dK times scale at the store. A warpgroup whose keys all follow the item's queries skips it (after waiting for it
-// to be loaded, so that its release of a round never precedes the other warpgroup's release of the round before).
+//   dK += dS^T Q                      wgmma m64nHDk16, as dV; a stage is released on empty[s] (256 arrivals) once
+//                                     the products reading it are done
+// dK times scale at the store. At hd 128 each product is issued as soon as its operands are ready, and a warpgroup
+// whose keys all follow the item's queries skips it (after waiting for it to be loaded, so that its release of a
+// round never precedes the other warpgroup's release of the round before). At hd 64, where an item's products are
+// short next to its exponentials, the two consumers take turns issuing, as in the forward (named barriers 3 and 4):
+// a turn issues item i's S^T, dP^T and item i - 1's dV, dK, then computes P^T, dS^T of item i (two register sets,
+// by item parity) while they run; skipped items run masked (P^T = 0), so every turn issues the same groups.
 // ptxas serialises all of a kernel's wgmmas (C7515) when it cannot see that no ordinary instruction writes a running
 // wgmma's registers. Two things here keep it from that: the consumer warpgroup's index comes through a shuffle, and
 // mbarrier_wait's loop is written in PTX (ptx.cuh).
@@ -269,6 +271,14 @@ __device__ __forceinline__ void wgmma_accumulate_rs(float (&acc)[HD / 2], uint32
 #pragma unroll
     for (int kk = 0; kk < N / 16; kk++) wgmma_bf16_rs(acc, a[kk], wgmma_desc_advance(b, 2048 * kk), 1);
     wgmma_commit_group();
+}
+
+// acc (64 x HD) += A B over N with A already packed (bf16 A registers); no fence, no commit (the caller groups it).
+template <int HD, int N>
+__device__ __forceinline__ void wgmma_accumulate_packed(float (&acc)[HD / 2], const uint32_t (&a)[N / 16][4],
+                                                        uint64_t b) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++) wgmma_bf16_rs(acc, a[kk], wgmma_desc_advance(b, 2048 * kk), 1);
 }
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -559,9 +569,11 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int ROWS = WGMMA_ROWS, S = WGMMA_DKDV_STAGES, BQ = WGMMA_DKDV_QUERIES;
     constexpr int KBYTES = ROWS * HD * 2, QBYTES = BQ * HD * 2;
-    // dK's wgmma left running into the next item (its S^T wait covers it): measured +6% at hd 64 and -4% at hd 128
-    // (H100), where the dS^T registers it keeps alive crowd the 240 the consumers have.
-    constexpr bool DK_RUNS_ON = HD == 64;
+    // Head dim 64: the consumers take turns issuing (ping-pong), each turn one item's S^T, dP^T and the previous
+    // item's dV, dK products: +5% over issuing each product when its operands are ready (H100). Head dim 128 has no
+    // registers for the second item in flight (P^T, dS^T of two items) and issues per product.
+    constexpr bool PINGPONG = HD == 64;
+    constexpr int TURN_BARRIER = 3;  // named barriers 3 and 4: the consumers' turns (1 + wg: the stores)
     static_assert(ROWS % BQ == 0, "query tiles must start at the key tile's first key");
     static_assert(BQ == 64 || BQ == 128, "S^T, dP^T are wgmma m64nBQk16 with N = 64 or 128 (wgmma_bf16_ss overloads)");
     static_assert(attention_backward_dkdv_wgmma_smem_bytes<HD>() <= 227 * 1024, "stages do not fit in shared memory");
@@ -629,8 +641,8 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
 
     // Consumers.
     setmaxnreg_inc<WGMMA_CONSUMER_REGS>();
-    // The warpgroup's index through a shuffle: written as threadIdx.x / 128 - 1, ptxas serialises the kernel's wgmmas
-    // when dK runs on into the next item (C7515); as a value it cannot trace back to threadIdx it does not.
+    // The warpgroup's index through a shuffle: written as threadIdx.x / 128 - 1, ptxas serialised the kernel's wgmmas
+    // when they ran on across items (C7515); as a value it cannot trace back to threadIdx it does not.
     const int wg = __shfl_sync(0xffffffff, (int)threadIdx.x / 128 - 1, 0);
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, c = 2 * (lane % 4);
@@ -640,8 +652,6 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     float dk[HD / 2], dv[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) dk[i] = dv[i] = 0.0f;
-    uint32_t dsa[BQ / 16][4];  // dS^T as bf16 A registers, read by dK's wgmma
-    int pending = -1;          // DK_RUNS_ON: the stage whose release waits for the running dK wgmma
     // Descriptors: the warpgroup's rows of K and V (A of S^T, dP^T), and stage 0 of Q and dO read K-major (B of S^T,
     // dP^T) and MN-major (B of dK, dV).
     const uint64_t k_desc = wgmma_desc_kmajor(k_sm + 64 * wg * 128), v_desc = wgmma_desc_kmajor(v_sm + 64 * wg * 128);
@@ -649,57 +659,137 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     const uint64_t q_desc_t = wgmma_desc_mnmajor(q_sm, BQ), do_desc_t = wgmma_desc_mnmajor(do_sm, BQ);
     mbarrier_wait(kv_full, 0);
 
-    for (int it = 0, q0 = k0; it < n_items; it++, q0 = q0 + BQ == q_end ? k0 : q0 + BQ) {
-        const int stage = it % S;
-        // Waited for even when skipped: a warpgroup's release of round r then never precedes the other's of r - 1.
-        mbarrier_wait(full0 + 8 * stage, (it / S) & 1);
-        if (q0 + BQ - 1 < kwg) {  // warpgroup-uniform: every query of the tile precedes every key
-            if constexpr (DK_RUNS_ON) {
-                wgmma_wait_group<0>();
-                pin_registers(dsa);
-                pin_registers(dk);
-                if (pending >= 0) mbarrier_arrive(empty0 + 8 * pending);
-                pending = -1;
-            }
-            mbarrier_arrive(empty0 + 8 * stage);
-            continue;
-        }
-        const uint32_t st_bytes = stage * QBYTES;
-        const float* lse_t = lse_s + stage * BQ;
-        const float* D_t = D_s + stage * BQ;
-
-        // S^T = K Q^T and dP^T = V dO^T, one commit group each.
-        float s[BQ / 2], dp[BQ / 2];
-        wgmma_fence();
-        wgmma_scores_ss<HD, ROWS, BQ>(s, k_desc, wgmma_desc_advance(q_desc, st_bytes));
-        wgmma_scores_ss<HD, ROWS, BQ>(dp, v_desc, wgmma_desc_advance(do_desc, st_bytes));
-
-        // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2.
-        wgmma_wait_group<1>();  // S^T done (and, with DK_RUNS_ON, the previous item's dK)
-        pin_registers(s);
-        if constexpr (DK_RUNS_ON) {
-            pin_registers(dsa);
-            pin_registers(dk);
-        }
-        attention_backward_probs_t<BQ>(s, lse_t, 1.0f, scale_log2, q0, kwg, key0, c, T);
-        uint32_t pa[BQ / 16][4];
-        wgmma_accumulate_rs<HD, BQ>(dv, pa, s, wgmma_desc_advance(do_desc_t, st_bytes));  // dV += P^T dO
-
-        // dS^T (dP^T is done once only the dV group may be outstanding), then dK += dS^T Q.
-        wgmma_wait_group<1>();
-        pin_registers(dp);
-        if constexpr (DK_RUNS_ON) {
-            if (pending >= 0) mbarrier_arrive(empty0 + 8 * pending);
-        }
+    if constexpr (PINGPONG) {
+        // P^T and dS^T of item it live in buffer it % 2 until the turn after (no register copies: ptxas serialises
+        // the wgmmas when ordinary instructions define their A registers inside the pipeline). Every turn issues the
+        // same groups in the same order, so that ptxas can tell which group each wait covers; a warpgroup's skipped
+        // item (all its keys after all the queries) runs masked, P^T = 0, and adds zeros.
+        uint32_t pa0[BQ / 16][4], dsa0[BQ / 16][4], pa1[BQ / 16][4], dsa1[BQ / 16][4];
+        if (wg == 1) named_barrier_arrive<WGMMA_CONSUMERS>(TURN_BARRIER);  // consumer 0 issues first
+        // Item it's P^T, dS^T from its S^T, dP^T (the groups in flight: S^T, dP^T, and one more if `later`).
+        auto probs = [&](int it, int q0, float(&s)[BQ / 2], float(&dp)[BQ / 2], uint32_t(&pa)[BQ / 16][4],
+                         uint32_t(&dsa)[BQ / 16][4], bool later) {
+            const int stage = it % S;
+            const float* lse_t = lse_s + stage * BQ;
+            const float* D_t = D_s + stage * BQ;
+            if (later) wgmma_wait_group<2>(); else wgmma_wait_group<1>();  // S^T done
+            pin_registers(s);
+            attention_backward_probs_t<BQ>(s, lse_t, 1.0f, scale_log2, q0, kwg, key0, c, T);
+            wgmma_acc_to_a<BQ>(pa, s);
+            if (later) wgmma_wait_group<1>(); else wgmma_wait_group<0>();  // dP^T done
+            pin_registers(dp);
 #pragma unroll
-        for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
-        wgmma_accumulate_rs<HD, BQ>(dk, dsa, dp, wgmma_desc_advance(q_desc_t, st_bytes));  // dK += dS^T Q
-        if constexpr (DK_RUNS_ON) {
-            wgmma_wait_group<1>();  // dV done; dK runs on into the next item, which releases this stage
-            pin_registers(pa);
+            for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
+            wgmma_acc_to_a<BQ>(dsa, dp);
+        };
+        auto scores = [&](int stage, float(&s)[BQ / 2], float(&dp)[BQ / 2]) {
+            const uint32_t st_bytes = stage * QBYTES;
+            wgmma_scores_ss<HD, ROWS, BQ>(s, k_desc, wgmma_desc_advance(q_desc, st_bytes));
+            wgmma_scores_ss<HD, ROWS, BQ>(dp, v_desc, wgmma_desc_advance(do_desc, st_bytes));
+        };
+        auto grads = [&](int stage, const uint32_t(&pa)[BQ / 16][4], const uint32_t(&dsa)[BQ / 16][4]) {
+            const uint32_t st_bytes = stage * QBYTES;
+            wgmma_accumulate_packed<HD, BQ>(dv, pa, wgmma_desc_advance(do_desc_t, st_bytes));  // dV += P^T dO
+            wgmma_accumulate_packed<HD, BQ>(dk, dsa, wgmma_desc_advance(q_desc_t, st_bytes));  // dK += dS^T Q
+            wgmma_commit_group();
+        };
+        // The first item: its S^T, dP^T only.
+        {
+            float s[BQ / 2], dp[BQ / 2];
+            mbarrier_wait(full0, 0);
+            named_barrier_sync<WGMMA_CONSUMERS>(TURN_BARRIER + wg);
+            wgmma_fence();
+            scores(0, s, dp);
+            named_barrier_arrive<WGMMA_CONSUMERS>(TURN_BARRIER + 1 - wg);
+            probs(0, k0, s, dp, pa0, dsa0, false);
+        }
+        // Item it (it >= 1): its S^T, dP^T and item it - 1's dV, dK issued together, then item it's P^T, dS^T while
+        // they run; then item it - 1's stage is released.
+        auto step = [&](int it, int q0, uint32_t(&pa_cur)[BQ / 16][4], uint32_t(&dsa_cur)[BQ / 16][4],
+                        uint32_t(&pa_prev)[BQ / 16][4], uint32_t(&dsa_prev)[BQ / 16][4]) {
+            const int stage = it % S, prev_stage = (it - 1) % S;
+            float s[BQ / 2], dp[BQ / 2];
+            mbarrier_wait(full0 + 8 * stage, (it / S) & 1);
+            pin_registers(pa_prev);
+            pin_registers(dsa_prev);
+            named_barrier_sync<WGMMA_CONSUMERS>(TURN_BARRIER + wg);
+            wgmma_fence();
+            scores(stage, s, dp);
+            grads(prev_stage, pa_prev, dsa_prev);
+            named_barrier_arrive<WGMMA_CONSUMERS>(TURN_BARRIER + 1 - wg);
+            probs(it, q0, s, dp, pa_cur, dsa_cur, true);
+            wgmma_wait_group<0>();
+            pin_registers(pa_prev);
+            pin_registers(dsa_prev);
+            pin_registers(dk);
             pin_registers(dv);
-            pending = stage;
+            mbarrier_arrive(empty0 + 8 * prev_stage);
+        };
+        // The last turn: the last item's dV, dK.
+        auto last = [&](int it, uint32_t(&pa_prev)[BQ / 16][4], uint32_t(&dsa_prev)[BQ / 16][4]) {
+            const int prev_stage = (it - 1) % S;
+            pin_registers(pa_prev);
+            pin_registers(dsa_prev);
+            named_barrier_sync<WGMMA_CONSUMERS>(TURN_BARRIER + wg);
+            wgmma_fence();
+            grads(prev_stage, pa_prev, dsa_prev);
+            named_barrier_arrive<WGMMA_CONSUMERS>(TURN_BARRIER + 1 - wg);
+            wgmma_wait_group<0>();
+            pin_registers(pa_prev);
+            pin_registers(dsa_prev);
+            pin_registers(dk);
+            pin_registers(dv);
+            mbarrier_arrive(empty0 + 8 * prev_stage);
+        };
+        int it = 1, q0 = k0 + BQ == q_end ? k0 : k0 + BQ;
+        auto advance = [&] { it++, q0 = q0 + BQ == q_end ? k0 : q0 + BQ; };
+        while (it + 1 < n_items) {
+            step(it, q0, pa1, dsa1, pa0, dsa0);
+            advance();
+            step(it, q0, pa0, dsa0, pa1, dsa1);
+            advance();
+        }
+        if (it < n_items) {
+            step(it, q0, pa1, dsa1, pa0, dsa0);
+            advance();
+            last(it, pa1, dsa1);
         } else {
+            last(it, pa0, dsa0);
+        }
+        if (wg == 0) named_barrier_sync<WGMMA_CONSUMERS>(TURN_BARRIER);  // consumer 1's last arrival
+    } else {
+        uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];  // P^T, dS^T as bf16 A registers, read by dV's and dK's wgmmas
+        for (int it = 0, q0 = k0; it < n_items; it++, q0 = q0 + BQ == q_end ? k0 : q0 + BQ) {
+            const int stage = it % S;
+            // Waited for even when skipped: a warpgroup's release of round r then never precedes the other's of
+            // r - 1.
+            mbarrier_wait(full0 + 8 * stage, (it / S) & 1);
+            if (q0 + BQ - 1 < kwg) {  // warpgroup-uniform: every query of the tile precedes every key
+                mbarrier_arrive(empty0 + 8 * stage);
+                continue;
+            }
+            const uint32_t st_bytes = stage * QBYTES;
+            const float* lse_t = lse_s + stage * BQ;
+            const float* D_t = D_s + stage * BQ;
+
+            // S^T = K Q^T and dP^T = V dO^T, one commit group each.
+            float s[BQ / 2], dp[BQ / 2];
+            wgmma_fence();
+            wgmma_scores_ss<HD, ROWS, BQ>(s, k_desc, wgmma_desc_advance(q_desc, st_bytes));
+            wgmma_scores_ss<HD, ROWS, BQ>(dp, v_desc, wgmma_desc_advance(do_desc, st_bytes));
+
+            // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2.
+            wgmma_wait_group<1>();  // S^T done
+            pin_registers(s);
+            attention_backward_probs_t<BQ>(s, lse_t, 1.0f, scale_log2, q0, kwg, key0, c, T);
+            wgmma_accumulate_rs<HD, BQ>(dv, pa, s, wgmma_desc_advance(do_desc_t, st_bytes));  // dV += P^T dO
+
+            // dS^T (dP^T is done once only the dV group may be outstanding), then dK += dS^T Q.
+            wgmma_wait_group<1>();
+            pin_registers(dp);
+#pragma unroll
+            for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
+            wgmma_accumulate_rs<HD, BQ>(dk, dsa, dp, wgmma_desc_advance(q_desc_t, st_bytes));  // dK += dS^T Q
             wgmma_wait_group<0>();  // dV and dK done: the stage is free
             pin_registers(pa);
             pin_registers(dv);
@@ -708,9 +798,6 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             mbarrier_arrive(empty0 + 8 * stage);
         }
     }
-    wgmma_wait_group<0>();
-    pin_registers(dsa);
-    pin_registers(dk);
 
     // Each warpgroup read only its own 64 rows of K and V: after its last wait they stage its results.
     const size_t stride = (size_t)(H + 2 * KV) * HD;

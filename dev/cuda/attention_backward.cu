@@ -191,6 +191,21 @@
 //       stages: 462-466 / 466-477) or with 2 stages (459-462 / 463-481): all inside the noise of the kept one; D
 //       computed by the dQ kernel's consumers from dout and out (the dQ kernel first, then dK/dV; no delta pass):
 //       311-314 / 467-471 / 479-499 against 311-313 / 465-469 / 472-504, no gain for the extra code.
+//       Then turns at hd 64. ncu (H100, fast-math build as the trainer's) had both hd 64 kernels at about 51%
+//       tensor-pipe utilisation (hd 128: dK/dV 72%, dQ 82%) with 43-45% of the issue slots busy: an item's
+//       exponentials and dS^T (about 330 instructions per warp and item) take as long as its products, and two
+//       consumers that reach them at the same time leave the tensor pipe idle. Change, same bits (the 1B's losses
+//       over 20 steps identical to the old build's):
+//         + at hd 64 the dK/dV consumers take turns issuing (named barriers, as in the forward): item i's S^T, dP^T
+//           and item i - 1's dV, dK in one turn, P^T and dS^T in two register sets by item parity; a skipped item
+//           runs masked (P^T = 0) so that every turn issues the same groups (with conditional groups ptxas
+//           serialised the wgmmas, C7514). H100, five alternating rounds in two sessions' calls, --use_fast_math:
+//           hd 64 318.5-325.7 -> 334.3-338.3 TFLOP/s; ncu dK/dV 351 -> 319 us (with the early lse copy below).
+//           hd 128 keeps issuing per product: two items' P^T, dS^T and the accumulators would need 256 registers.
+//       Tried with it, not kept: the same turns in the dQ kernel at hd 64 (with 64-key tiles, for the registers):
+//       322-323 against 319-326 (the dK/dV turns alone 335-336, both 335-339); the lse / D copy loaded before its
+//       stage is free: 333-343 against 334-338; K held in registers as the A of S^T at hd 128 (RS wgmma): spills
+//       (140 bytes for all 8 k16 slices, 16 bytes for 2; the consumers are at their 240 registers).
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py (--backward v6 for this version).
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
