@@ -22,8 +22,8 @@
 //     descriptors, causal mask on the diagonal tile, online softmax in the log2 domain on the fragment (quad
 //     reductions), P as bf16 A registers, O += P V as wgmma m64nHDk16 with V MN-major. The two consumers take turns
 //     issuing their wgmma batches ("ping-pong", named barriers 1 and 2), and within a warpgroup S_{j+1} = Q K_{j+1}^T
-//     is issued together with P_j V_j, so the softmax of tile j+1 runs while P_j V_j does (the P registers alternate
-//     between two sets by tile parity).
+//     is issued together with P_j V_j, so the softmax of tile j+1 can run while P_j V_j does (the P registers
+//     alternate between two sets by tile parity; at hd 64 P_j V_j is waited for in the next step, see LATE_WAIT).
 // Synchronisation, per stage s: full[s] (1 arrival: the producer's arrive.expect_tx of the tile's bytes, then the
 // TMA's complete_tx) and empty[s] (256 arrivals: every consumer thread, once its P V wgmma reading the stage has been
 // waited on). Tile j uses stage j % STAGES in round j / STAGES; round r waits for phase r of full (parity r % 2), and
@@ -450,11 +450,24 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
         // P_j lives in p (j even) or pb (j odd) (no register copies: ptxas serialises the wgmmas when ordinary
         // instructions define their A registers inside the pipeline).
         uint32_t pb[BN / 16][4];
+        // Where P_j V_j is waited for. Waited for right after the softmax of S_{j+1}, ptxas moves the softmax below
+        // the wait (register arithmetic is free to move past wgmma.wait_group), so it never runs beside P_j V_j. At
+        // hd 64 the wait goes to the start of the next step, after the tile's mbarrier wait, which ptxas does not
+        // move the softmax across: forward +3-4% (H100). At hd 128 the registers held across the steps make ptxas
+        // serialise the wgmmas (C7512), so the wait stays where it was.
+        constexpr bool LATE_WAIT = HD == 64;
         // Tile j < n_tiles - 1: S_{j+1} and P_j V_j issued together, the softmax of S_{j+1} (into p_next) while
         // P_j V_j runs.
         auto step = [&](int j, uint32_t(&p_cur)[BN / 16][4], uint32_t(&p_next)[BN / 16][4]) {
             const int st = j % STAGES, nst = (j + 1) % STAGES;
             mbarrier_wait(full0 + 8 * nst, ((j + 1) / STAGES) & 1);
+            if constexpr (LATE_WAIT) {
+                wgmma_wait_group<0>();
+                pin_registers(o);
+                pin_registers(p_next);
+                if (j > 0) mbarrier_arrive(empty0 + 8 * ((j - 1) % STAGES));
+                attention_forward_wgmma_rescale<HD>(o, alpha);
+            }
             pin_registers(p_cur);
             pin_registers(o);
             named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
@@ -465,15 +478,23 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             wgmma_wait_group<1>();  // groups complete in order: S_{j+1} is done, P_j V_j may still run
             pin_registers(s);
             attention_forward_wgmma_softmax(s, p_next, m, l, alpha, (j + 1) * BN, qwg, row0, c, scale_log2);
-            wgmma_wait_group<0>();  // P_j V_j done: O may be rescaled, P_j's registers and stage st are free
-            pin_registers(o);
-            pin_registers(p_cur);
-            mbarrier_arrive(empty0 + 8 * st);
-            attention_forward_wgmma_rescale<HD>(o, alpha);
+            if constexpr (!LATE_WAIT) {
+                wgmma_wait_group<0>();  // P_j V_j done: O may be rescaled, P_j's registers and stage st are free
+                pin_registers(o);
+                pin_registers(p_cur);
+                mbarrier_arrive(empty0 + 8 * st);
+                attention_forward_wgmma_rescale<HD>(o, alpha);
+            }
         };
         // The last tile: P V only.
         auto last = [&](int j, uint32_t(&p_cur)[BN / 16][4]) {
             const int st = j % STAGES;
+            if constexpr (LATE_WAIT) {
+                wgmma_wait_group<0>();
+                pin_registers(o);
+                if (j > 0) mbarrier_arrive(empty0 + 8 * ((j - 1) % STAGES));
+                attention_forward_wgmma_rescale<HD>(o, alpha);
+            }
             pin_registers(p_cur);
             pin_registers(o);
             named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);

@@ -205,7 +205,9 @@
 //       Tried with it, not kept: the same turns in the dQ kernel at hd 64 (with 64-key tiles, for the registers):
 //       322-323 against 319-326 (the dK/dV turns alone 335-336, both 335-339); the lse / D copy loaded before its
 //       stage is free: 333-343 against 334-338; K held in registers as the A of S^T at hd 128 (RS wgmma): spills
-//       (140 bytes for all 8 k16 slices, 16 bytes for 2; the consumers are at their 240 registers).
+//       (140 bytes for all 8 k16 slices, 16 bytes for 2; the consumers are at their 240 registers); the wait for
+//       item i - 1's dV, dK moved to the next turn, after its mbarrier wait (as the forward's hd 64 wait, so that
+//       ptxas keeps P^T, dS^T before it): 334.5-334.8 against 337.1-340.7.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py (--backward v6 for this version).
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu

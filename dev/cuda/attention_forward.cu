@@ -68,6 +68,13 @@
 //         (1, 8192, 32, 8, 128): 641 TFLOP/s
 //       Variants (sweep, same run): 4 stages at hd 64 (the first choice) 311 / 565 / 635 (noise at hd 128: the same
 //       kernel); no intra-warpgroup overlap 300 / 517 / 572; 2 stages 298 / 468 / 515.
+//       Later, in the SASS: ptxas had placed the softmax of S_{j+1} after the wait for P_j V_j (register arithmetic
+//       moves freely past wgmma.wait_group), so it never ran beside P_j V_j; what the overlap gained came from S_{j+1}
+//       being issued early. At hd 64 the wait now sits at the start of the next step, after the tile's mbarrier
+//       wait, and the softmax's exponentials stay between the two waits. Same bits (the 1B's losses over 30 steps);
+//       H100, --use_fast_math, alternating: hd 64 332.7-335.2 -> 341.6-346.9 TFLOP/s (hd 128 runs the same code as
+//       before: 592-600 / 657-664). At hd 128 the registers held across the steps made ptxas serialise the wgmmas
+//       (C7512), so that wait stays where it was.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_forward.cu
