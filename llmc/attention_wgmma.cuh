@@ -450,11 +450,11 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
         // P_j lives in p (j even) or pb (j odd) (no register copies: ptxas serialises the wgmmas when ordinary
         // instructions define their A registers inside the pipeline).
         uint32_t pb[BN / 16][4];
-        // Where P_j V_j is waited for. Waited for right after the softmax of S_{j+1}, ptxas moves the softmax below
-        // the wait (register arithmetic is free to move past wgmma.wait_group), so it never runs beside P_j V_j. At
-        // hd 64 the wait goes to the start of the next step, after the tile's mbarrier wait, which ptxas does not
-        // move the softmax across: forward +3-4% (H100). At hd 128 the registers held across the steps make ptxas
-        // serialise the wgmmas (C7512), so the wait stays where it was.
+        // Where P_j V_j is waited for (and its stage released, O rescaled). Right after the softmax of S_{j+1}, ptxas
+        // schedules the softmax below the wait (register arithmetic moves freely past wgmma.wait_group). At hd 64
+        // the wait goes to the start of the next step, after the tile's mbarrier wait, and the softmax stays between
+        // the two waits: forward +1-4% (H100, two sessions' calls). At hd 128 that makes ptxas serialise the wgmmas
+        // (C7512: registers), and keeping the softmax ahead of the wait there by other means was 5% slower.
         constexpr bool LATE_WAIT = HD == 64;
         // Tile j < n_tiles - 1: S_{j+1} and P_j V_j issued together, the softmax of S_{j+1} (into p_next) while
         // P_j V_j runs.

@@ -69,12 +69,14 @@
 //       Variants (sweep, same run): 4 stages at hd 64 (the first choice) 311 / 565 / 635 (noise at hd 128: the same
 //       kernel); no intra-warpgroup overlap 300 / 517 / 572; 2 stages 298 / 468 / 515.
 //       Later, in the SASS: ptxas had placed the softmax of S_{j+1} after the wait for P_j V_j (register arithmetic
-//       moves freely past wgmma.wait_group), so it never ran beside P_j V_j; what the overlap gained came from S_{j+1}
-//       being issued early. At hd 64 the wait now sits at the start of the next step, after the tile's mbarrier
-//       wait, and the softmax's exponentials stay between the two waits. Same bits (the 1B's losses over 30 steps);
-//       H100, --use_fast_math, alternating: hd 64 332.7-335.2 -> 341.6-346.9 TFLOP/s (hd 128 runs the same code as
-//       before: 592-600 / 657-664). At hd 128 the registers held across the steps made ptxas serialise the wgmmas
-//       (C7512), so that wait stays where it was.
+//       moves freely past wgmma.wait_group), so what the overlap gained came from S_{j+1} being issued early. At
+//       hd 64 that wait (with the stage release and O's rescale) now sits at the start of the next step, after the
+//       tile's mbarrier wait, and the softmax's exponentials stay between the two waits. Same bits (the 1B's losses
+//       over 30 steps). H100, --use_fast_math, alternating, two calls: hd 64 332.7-335.2 -> 341.6-346.9 TFLOP/s and
+//       335.2-341.8 -> 343.1-346.5 (hd 128 runs the same code as before). Not kept: the same at hd 128 (ptxas
+//       serialises the wgmmas, C7512: registers); a wait on an mbarrier long complete placed between the softmax and
+//       the P_j V_j wait, which also keeps the softmax ahead of it: hd 128 570-582 / 612-645 against 595-609 /
+//       668-679, and with it instead of the moved wait at hd 64, 329-334 against 343-347.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_forward.cu
