@@ -714,6 +714,15 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             wgmma_accumulate_packed<HD, BQ>(dk, dsa, wgmma_desc_advance(q_desc_t, st_bytes));  // dK += dS^T Q
             wgmma_commit_group();
         };
+        // Waits for the dV, dK products issued in this turn, then frees their stage.
+        auto finish_grads = [&](int stage, uint32_t(&pa)[BQ / 16][4], uint32_t(&dsa)[BQ / 16][4]) {
+            wgmma_wait_group<0>();
+            pin_registers(pa);
+            pin_registers(dsa);
+            pin_registers(dk);
+            pin_registers(dv);
+            mbarrier_arrive(empty0 + 8 * stage);
+        };
         // The first item: its S^T, dP^T only.
         {
             float s[BQ / 2], dp[BQ / 2];
@@ -739,12 +748,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             grads(prev_stage, pa_prev, dsa_prev);
             named_barrier_arrive<WGMMA_CONSUMERS>(TURN_BARRIER + 1 - wg);
             probs(it, q0, s, dp, pa_cur, dsa_cur, true);
-            wgmma_wait_group<0>();
-            pin_registers(pa_prev);
-            pin_registers(dsa_prev);
-            pin_registers(dk);
-            pin_registers(dv);
-            mbarrier_arrive(empty0 + 8 * prev_stage);
+            finish_grads(prev_stage, pa_prev, dsa_prev);
         };
         // The last turn: the last item's dV, dK.
         auto last = [&](int it, uint32_t(&pa_prev)[BQ / 16][4], uint32_t(&dsa_prev)[BQ / 16][4]) {
@@ -755,12 +759,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             wgmma_fence();
             grads(prev_stage, pa_prev, dsa_prev);
             named_barrier_arrive<WGMMA_CONSUMERS>(TURN_BARRIER + 1 - wg);
-            wgmma_wait_group<0>();
-            pin_registers(pa_prev);
-            pin_registers(dsa_prev);
-            pin_registers(dk);
-            pin_registers(dv);
-            mbarrier_arrive(empty0 + 8 * prev_stage);
+            finish_grads(prev_stage, pa_prev, dsa_prev);
         };
         int it = 1, q0 = k0 + BQ == q_end ? k0 : k0 + BQ;
         auto advance = [&] { it++, q0 = q0 + BQ == q_end ? k0 : q0 + BQ; };
