@@ -43,18 +43,23 @@
 // boxes) and, by 64 of its threads, the item's lse and D into smem (plain loads; an lse row need not be 16-byte
 // aligned); full[s] counts the TMA thread's arrive.expect_tx and those 64 arrivals, over 4 stages. Per item and
 // consumer warpgroup (rows = its 64 keys, columns = the BQ queries, all fp32 accumulators):
-//   S^T = K Q^T, dP^T = V dO^T        wgmma m64nBQk16, A and B from smem descriptors (both K-major), two groups
+//   S^T = K Q^T, dP^T = V dO^T        wgmma m64nBQk16, A and B from smem descriptors (both K-major), two groups;
+//                                     at hd 128 S^T's first 5 k16 slices take A (K) from registers, loaded once
 //   P^T = exp2(S^T scale log2 e - lse log2 e), 0 where key > query or query >= T; bf16 A registers
 //   dV += P^T dO                      wgmma m64nHDk16, A from registers, B = dO tile MN-major ("transpose B")
 //   dS^T = P^T o (dP^T - D); bf16 A registers
 //   dK += dS^T Q                      wgmma m64nHDk16, as dV; a stage is released on empty[s] (256 arrivals) once
 //                                     the products reading it are done
-// dK times scale at the store. At hd 128 each product is issued as soon as its operands are ready, and a warpgroup
-// whose keys all follow the item's queries skips it (after waiting for it to be loaded, so that its release of a
-// round never precedes the other warpgroup's release of the round before). At hd 64, where an item's products are
+// dK times scale at the store. At hd 128 dV and dK are issued together once dS^T is ready, and a warpgroup whose
+// keys all follow the item's queries skips the item (after waiting for it to be loaded, so that its release of a
+// round never precedes the other warpgroup's release of the round before). There the kernel is bound by shared-memory
+// reads (m64n64 products with both operands in smem); K in registers takes a third of S^T's, and the registers for
+// it come from not holding dV's A operands and S^T, dP^T at the same time. At hd 64, where an item's products are
 // short next to its exponentials, the two consumers take turns issuing, as in the forward (named barriers 3 and 4):
-// a turn issues item i's S^T, dP^T and item i - 1's dV, dK, then computes P^T, dS^T of item i (two register sets,
-// by item parity) while they run; skipped items run masked (P^T = 0), so every turn issues the same groups.
+// a turn issues item i's S^T, dP^T and item i - 1's dV, dK, then computes P^T, dS^T of item i into one of two
+// register sets (by item parity; ptxas runs the exponentials beside those products and places dS^T's arithmetic and
+// the bf16 packing after the wait for them); skipped items run masked (P^T = 0), so every turn issues the same
+// groups.
 // ptxas serialises all of a kernel's wgmmas (C7515) when it cannot see that no ordinary instruction writes a running
 // wgmma's registers. Two things here keep it from that: the consumer warpgroup's index comes through a shuffle, and
 // mbarrier_wait's loop is written in PTX (ptx.cuh).
@@ -165,14 +170,16 @@ __device__ __forceinline__ void wgmma_acc_to_a(uint32_t (&a)[N / 16][4], const f
     }
 }
 
-// Loads the warpgroup's A fragments (rows 64 wg .. 64 wg + 63, every k16 slice of HD columns) of a swizzled tile of
-// R rows at `tile`: a stationary operand kept in registers for wgmma_bf16_rs (fragment layout in the section comment).
-template <int HD, int R>
-__device__ __forceinline__ void wgmma_load_a_frags(uint32_t (&a)[HD / 16][4], const uint8_t* tile, int wg) {
+// Loads the warpgroup's A fragments (rows 64 wg .. 64 wg + 63, the first SLICES k16 slices of HD columns, all by
+// default) of a swizzled tile of R rows at `tile`: a stationary operand kept in registers for wgmma_bf16_rs (fragment
+// layout in the section comment).
+template <int HD, int R, int SLICES = HD / 16>
+__device__ __forceinline__ void wgmma_load_a_frags(uint32_t (&a)[SLICES][4], const uint8_t* tile, int wg) {
+    static_assert(SLICES <= HD / 16, "more slices than the tile has");
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
     const int r0 = 64 * wg + 16 * warp + g;
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {  // columns 16 kk + c (chunk 2 kk) and 16 kk + 8 + c (chunk 2 kk + 1)
+    for (int kk = 0; kk < SLICES; kk++) {  // columns 16 kk + c (chunk 2 kk) and 16 kk + 8 + c (chunk 2 kk + 1)
         a[kk][0] = *reinterpret_cast<const uint32_t*>(tile + swizzle128_offset<R>(r0, 2 * kk) + 2 * c);
         a[kk][1] = *reinterpret_cast<const uint32_t*>(tile + swizzle128_offset<R>(r0 + 8, 2 * kk) + 2 * c);
         a[kk][2] = *reinterpret_cast<const uint32_t*>(tile + swizzle128_offset<R>(r0, 2 * kk + 1) + 2 * c);
@@ -208,6 +215,23 @@ __device__ __forceinline__ void wgmma_scores_rs(float (&d)[N / 2], const uint32_
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
         wgmma_bf16_rs<0>(d, a_frags[kk], wgmma_desc_advance(b, (kk / 4) * (N * 128) + 32 * (kk % 4)), kk > 0);
+    }
+    wgmma_commit_group();
+}
+
+// The same with the first A_SLICES k16 slices of A from registers (wgmma_load_a_frags<HD, R, A_SLICES>) and the rest
+// from the resident tile (a: as in wgmma_scores_ss).
+template <int HD, int R, int N, int A_SLICES>
+__device__ __forceinline__ void wgmma_scores_rs_ss(float (&d)[N / 2], const uint32_t (&a_frags)[A_SLICES][4],
+                                                   uint64_t a, uint64_t b) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const uint64_t b_kk = wgmma_desc_advance(b, (kk / 4) * (N * 128) + 32 * (kk % 4));
+        if (kk < A_SLICES) {
+            wgmma_bf16_rs<0>(d, a_frags[kk < A_SLICES ? kk : 0], b_kk, kk > 0);
+        } else {
+            wgmma_bf16_ss(d, wgmma_desc_advance(a, (kk / 4) * (R * 128) + 32 * (kk % 4)), b_kk, kk > 0);
+        }
     }
     wgmma_commit_group();
 }
@@ -733,8 +757,8 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             named_barrier_arrive<WGMMA_CONSUMERS>(TURN_BARRIER + 1 - wg);
             probs(0, k0, s, dp, pa0, dsa0, false);
         }
-        // Item it (it >= 1): its S^T, dP^T and item it - 1's dV, dK issued together, then item it's P^T, dS^T while
-        // they run; then item it - 1's stage is released.
+        // Item it (it >= 1): its S^T, dP^T and item it - 1's dV, dK issued together, then item it's P^T, dS^T; then
+        // item it - 1's stage is released.
         auto step = [&](int it, int q0, uint32_t(&pa_cur)[BQ / 16][4], uint32_t(&dsa_cur)[BQ / 16][4],
                         uint32_t(&pa_prev)[BQ / 16][4], uint32_t(&dsa_prev)[BQ / 16][4]) {
             const int stage = it % S, prev_stage = (it - 1) % S;
@@ -778,6 +802,11 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
         }
         if (wg == 0) named_barrier_sync<WGMMA_CONSUMERS>(TURN_BARRIER);  // consumer 1's last arrival
     } else {
+        // K's first K_SLICES k16 slices stay in registers as S^T's A (all 8 would spill). dV and dK are issued
+        // together once dS^T is ready, which leaves their two register sets and S^T, dP^T no longer live at once.
+        constexpr int K_SLICES = 5;
+        uint32_t ka[K_SLICES][4];
+        wgmma_load_a_frags<HD, ROWS, K_SLICES>(ka, smem_ptr, wg);
         uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];  // P^T, dS^T as bf16 A registers, read by dV's and dK's wgmmas
         for (int it = 0, q0 = k0; it < n_items; it++, q0 = q0 + BQ == q_end ? k0 : q0 + BQ) {
             const int stage = it % S;
@@ -795,21 +824,28 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             // S^T = K Q^T and dP^T = V dO^T, one commit group each.
             float s[BQ / 2], dp[BQ / 2];
             wgmma_fence();
-            wgmma_scores_ss<HD, ROWS, BQ>(s, k_desc, wgmma_desc_advance(q_desc, st_bytes));
+            wgmma_scores_rs_ss<HD, ROWS, BQ, K_SLICES>(s, ka, k_desc, wgmma_desc_advance(q_desc, st_bytes));
             wgmma_scores_ss<HD, ROWS, BQ>(dp, v_desc, wgmma_desc_advance(do_desc, st_bytes));
 
             // P^T. Element i: key key0 + 8 ((i / 2) % 2), query q0 + 8 (i / 4) + c + i % 2.
             wgmma_wait_group<1>();  // S^T done
             pin_registers(s);
             attention_backward_probs_t<BQ>(s, lse_t, 1.0f, scale_log2, q0, kwg, key0, c, T);
-            wgmma_accumulate_rs<HD, BQ>(dv, pa, s, wgmma_desc_advance(do_desc_t, st_bytes));  // dV += P^T dO
-
-            // dS^T (dP^T is done once only the dV group may be outstanding), then dK += dS^T Q.
-            wgmma_wait_group<1>();
+            // dS^T, then dV += P^T dO and dK += dS^T Q in one group.
+            wgmma_wait_group<0>();
             pin_registers(dp);
 #pragma unroll
             for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
-            wgmma_accumulate_rs<HD, BQ>(dk, dsa, dp, wgmma_desc_advance(q_desc_t, st_bytes));  // dK += dS^T Q
+            wgmma_acc_to_a<BQ>(pa, s);
+            wgmma_acc_to_a<BQ>(dsa, dp);
+            pin_registers(pa);
+            pin_registers(dsa);
+            pin_registers(dv);
+            pin_registers(dk);
+            wgmma_fence();
+            wgmma_accumulate_packed<HD, BQ>(dv, pa, wgmma_desc_advance(do_desc_t, st_bytes));
+            wgmma_accumulate_packed<HD, BQ>(dk, dsa, wgmma_desc_advance(q_desc_t, st_bytes));
+            wgmma_commit_group();
             wgmma_wait_group<0>();  // dV and dK done: the stage is free
             pin_registers(pa);
             pin_registers(dv);
