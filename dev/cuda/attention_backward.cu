@@ -204,10 +204,19 @@
 //           hd 128 keeps issuing per product: two items' P^T, dS^T and the accumulators would need 256 registers.
 //       Tried with it, not kept: the same turns in the dQ kernel at hd 64 (with 64-key tiles, for the registers):
 //       322-323 against 319-326 (the dK/dV turns alone 335-336, both 335-339); the lse / D copy loaded before its
-//       stage is free: 333-343 against 334-338; K held in registers as the A of S^T at hd 128 (RS wgmma): spills
-//       (140 bytes for all 8 k16 slices, 16 bytes for 2; the consumers are at their 240 registers); the wait for
-//       item i - 1's dV, dK moved to the next turn, after its mbarrier wait (as the forward's hd 64 wait, so that
-//       ptxas keeps P^T, dS^T before it): 334.5-334.8 against 337.1-340.7.
+//       stage is free: 333-343 against 334-338; the wait for item i - 1's dV, dK moved to the next turn, after its
+//       mbarrier wait (as the forward's hd 64 wait, so that ptxas keeps P^T, dS^T before it): 334.5-334.8 against
+//       337.1-340.7.
+//       Then K in registers at hd 128. ncu (H100, (1, 8192, 32, 8, 128)): the dK/dV kernel's busiest unit is the
+//       shared pipe (71.7%; dQ 82.1%): S^T and dP^T are m64n64 products with both operands in shared memory. K held
+//       in registers as S^T's A (RS wgmma) spilled in the old schedule (140 bytes for all 8 k16 slices, 16 for 2;
+//       the consumers are at their 240 registers). Change:
+//         + dV and dK issued together once dS^T is ready (no longer dV as soon as P^T is), so that dV's A registers
+//           and S^T, dP^T are not live at once; K's first 5 k16 slices in registers (6 spill; all 8: 56 bytes and
+//           serialised wgmmas, C7512). H100, three alternating rounds, --use_fast_math, hd 128 shapes:
+//           (2, 4096) 473-478 -> 492-495 TFLOP/s, (1, 8192) 469-512 -> 492-529; the new schedule without K in
+//           registers: 465-468 / 457-500 (no gain alone); 4 slices: 488-489 / 481-527. Validation, bit-for-bit
+//           reruns, memcheck and synccheck pass; make test passes (the hd 128 tie-outs: test-mha, 3B-d2).
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py (--backward v6 for this version).
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
