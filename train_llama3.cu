@@ -256,7 +256,7 @@ struct Llama3 {
     Activations acts;
     EmbeddingBackwardPlan embedding_plan;
     int B = 0, T = 0, classifier_chunk = 0;
-    bool overwrite_grads = false;      // zero_grad's zeros not yet written: the next backward overwrites instead of adding
+    bool overwrite_grads = false;      // zero_grad not yet followed by a backward: it overwrites instead of adding
     cudaStream_t stream = 0;
     std::vector<int> host_inputs;
     Profiler profiler;

@@ -219,10 +219,10 @@ __global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
     }
 }
 
-// dweight[c] += (or with accumulate = false, =) the sum of scratch[chunk, c] over the chunks. Block (32 columns) x (8 chunk groups): thread y sums
-// chunks y, y + 8, ... in ascending order, then thread y = 0 adds the 8 group sums in order y = 0..7. The order is
-// fixed by N alone, so the result is bit-identical run to run; splitting each column over 8 threads keeps the chain
-// of dependent loads short (up to 64 instead of 512).
+// dweight[c] += (or with accumulate = false, =) the sum of scratch[chunk, c] over the chunks. Block (32 columns) x
+// (8 chunk groups): thread y sums chunks y, y + 8, ... in ascending order, then thread y = 0 adds the 8 group sums in
+// order y = 0..7. The order is fixed by N alone, so the result is bit-identical run to run; splitting each column
+// over 8 threads keeps the chain of dependent loads short (up to 64 instead of 512).
 constexpr int RMSNORM_REDUCE_GROUPS = 8;
 __global__ void rmsnorm_backward_dweight_reduce_kernel(floatX* dweight, const float* scratch, int n_chunks, int C,
                                                        bool accumulate) {
@@ -264,7 +264,8 @@ inline size_t rmsnorm_backward_smem(int C) {
 }
 
 // dinp (N, C) += dx (accumulates into the residual gradient); dweight (C) += sum_n dout * xhat (accumulates,
-// deterministic; with accumulate = false it is overwritten instead). scratch: rmsnorm_backward_scratch_floats(N, C) floats, contents don't matter, clobbered.
+// deterministic; with accumulate = false it is overwritten instead). scratch: rmsnorm_backward_scratch_floats(N, C)
+// floats, contents don't matter, clobbered.
 // dinp must not alias dout or inp.
 inline void rmsnorm_backward(floatX* dinp, floatX* dweight, float* scratch, const floatX* dout, const floatX* inp,
                              const floatX* weight, const float* rstd, int N, int C, bool accumulate,
