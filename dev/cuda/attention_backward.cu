@@ -143,7 +143,9 @@
 //       causal CTAs of one kernel overlap the other's work; the outputs are disjoint, so the result is v5's. Measured
 //       on an NVIDIA H100, two alternating runs each: v5 0.792 / 0.799, 2.046 / 2.040, 3.889 / 3.823 ms; v9 0.778 /
 //       0.774, 2.027 / 2.030, 3.903 / 3.846 ms: 2-3% at hd 64, nothing at hd 128. Not taken into llmc (a side stream
-//       and two events per call in the trainer for 2% of 12% of the 1B step).
+//       and two events per call in the trainer for 2% of 12% of the 1B step). Tried again on v10's kernels (H100,
+//       three alternating rounds): 334.9-337.6 -> 340.0-340.4 TFLOP/s at hd 64, no change at hd 128, and the 1B step
+//       no faster (237.04 / 240.81 / 243.01 ms against 236.27 / 238.83 / 242.21); not kept (dev/NOTES.md).
 //   Where this left the backward (H100): the one-pass work runs at 305 / 562 / 598 TFLOP/s with nothing added,
 //   and every deterministic way of adding the dQ partials tried so far (ordered fp32 v6, fixed point through L2 v7,
 //   pairs through DSMEM v8) loses more than the one pass saves, so the trainer kept v5's two kernels. A one-pass
