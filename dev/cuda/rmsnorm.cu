@@ -11,7 +11,8 @@
 //     reduction of the partials.
 //   backward 2: one kernel for dinp and the partials, summed per warp in shared memory; the reduction as before.
 //   backward 3: version 2 with a segment's loads issued together (2 packs per lane: 1 and 4 were slower, 0.162 and
-//     0.161 ms; 4 takes 210 registers in bf16).
+//     0.161 ms; 4 takes 210 registers in bf16). More warps per row chunk (session 16, two runs each): 4 warps
+//     0.1354 / 0.1365 ms, 8 warps 0.1456 / 0.1447 ms; 16 need 256 KiB of shared memory at C = 4096 and fail there.
 // H100, N = 16384, C = 2048 (a 1B layer), ms and GB/s counting the minimum traffic:
 //   bf16 forward 0.073 (1840) -> 0.066 (2045); fused residual forward 0.121 (2225) -> 0.101 (2650);
 //        backward 0.200 (1340) -> 0.145 (1850) -> 0.137 (1965)
