@@ -13,6 +13,7 @@
 //   backward 3: version 2 with a segment's loads issued together (2 packs per lane: 1 and 4 were slower, 0.162 and
 //     0.161 ms; 4 takes 210 registers in bf16). More warps per row chunk (session 16, two runs each): 4 warps
 //     0.1354 / 0.1365 ms, 8 warps 0.1456 / 0.1447 ms; 16 need 256 KiB of shared memory at C = 4096 and fail there.
+//     Twice the row chunks (1024, 16 rows each; three runs): 0.1481-0.1493 ms against 0.1357-0.1367 ms.
 // H100, N = 16384, C = 2048 (a 1B layer), ms and GB/s counting the minimum traffic:
 //   bf16 forward 0.073 (1840) -> 0.066 (2045); fused residual forward 0.121 (2225) -> 0.101 (2650);
 //        backward 0.200 (1340) -> 0.145 (1850) -> 0.137 (1965)
