@@ -228,7 +228,7 @@ __device__ __forceinline__ void wgmma_scores_rs_ss(float (&d)[N / 2], const uint
     for (int kk = 0; kk < HD / 16; kk++) {
         const uint64_t b_kk = wgmma_desc_advance(b, (kk / 4) * (N * 128) + 32 * (kk % 4));
         if (kk < A_SLICES) {
-            wgmma_bf16_rs<0>(d, a_frags[kk < A_SLICES ? kk : 0], b_kk, kk > 0);
+            wgmma_bf16_rs<0>(d, a_frags[kk], b_kk, kk > 0);
         } else {
             wgmma_bf16_ss(d, wgmma_desc_advance(a, (kk / 4) * (R * 128) + 32 * (kk % 4)), b_kk, kk > 0);
         }
@@ -704,6 +704,28 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     const uint64_t q_desc_t = wgmma_desc_mnmajor(q_sm, BQ), do_desc_t = wgmma_desc_mnmajor(do_sm, BQ);
     mbarrier_wait(kv_full, 0);
 
+    // Pieces of an item both schedules below share. dS^T = P^T o (dP^T - D), in dp's registers:
+    auto ds_t = [&](const float(&s)[BQ / 2], float(&dp)[BQ / 2], const float* D_t) {
+#pragma unroll
+        for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
+    };
+    // dV += P^T dO and dK += dS^T Q, one commit group.
+    auto grads = [&](int stage, const uint32_t(&pa)[BQ / 16][4], const uint32_t(&dsa)[BQ / 16][4]) {
+        const uint32_t st_bytes = stage * QBYTES;
+        wgmma_accumulate_packed<HD, BQ>(dv, pa, wgmma_desc_advance(do_desc_t, st_bytes));
+        wgmma_accumulate_packed<HD, BQ>(dk, dsa, wgmma_desc_advance(q_desc_t, st_bytes));
+        wgmma_commit_group();
+    };
+    // Waits for every product issued (the last being dV, dK), then frees their stage.
+    auto finish_grads = [&](int stage, uint32_t(&pa)[BQ / 16][4], uint32_t(&dsa)[BQ / 16][4]) {
+        wgmma_wait_group<0>();
+        pin_registers(pa);
+        pin_registers(dsa);
+        pin_registers(dk);
+        pin_registers(dv);
+        mbarrier_arrive(empty0 + 8 * stage);
+    };
+
     if constexpr (PINGPONG) {
         // P^T and dS^T of item it live in buffer it % 2 until the turn after (no register copies: ptxas serialises
         // the wgmmas when ordinary instructions define their A registers inside the pipeline). Every turn issues the
@@ -723,29 +745,13 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             wgmma_acc_to_a<BQ>(pa, s);
             if (later) wgmma_wait_group<1>(); else wgmma_wait_group<0>();  // dP^T done
             pin_registers(dp);
-#pragma unroll
-            for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
+            ds_t(s, dp, D_t);
             wgmma_acc_to_a<BQ>(dsa, dp);
         };
         auto scores = [&](int stage, float(&s)[BQ / 2], float(&dp)[BQ / 2]) {
             const uint32_t st_bytes = stage * QBYTES;
             wgmma_scores_ss<HD, ROWS, BQ>(s, k_desc, wgmma_desc_advance(q_desc, st_bytes));
             wgmma_scores_ss<HD, ROWS, BQ>(dp, v_desc, wgmma_desc_advance(do_desc, st_bytes));
-        };
-        auto grads = [&](int stage, const uint32_t(&pa)[BQ / 16][4], const uint32_t(&dsa)[BQ / 16][4]) {
-            const uint32_t st_bytes = stage * QBYTES;
-            wgmma_accumulate_packed<HD, BQ>(dv, pa, wgmma_desc_advance(do_desc_t, st_bytes));  // dV += P^T dO
-            wgmma_accumulate_packed<HD, BQ>(dk, dsa, wgmma_desc_advance(q_desc_t, st_bytes));  // dK += dS^T Q
-            wgmma_commit_group();
-        };
-        // Waits for the dV, dK products issued in this turn, then frees their stage.
-        auto finish_grads = [&](int stage, uint32_t(&pa)[BQ / 16][4], uint32_t(&dsa)[BQ / 16][4]) {
-            wgmma_wait_group<0>();
-            pin_registers(pa);
-            pin_registers(dsa);
-            pin_registers(dk);
-            pin_registers(dv);
-            mbarrier_arrive(empty0 + 8 * stage);
         };
         // The first item: its S^T, dP^T only.
         {
@@ -834,8 +840,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             // dS^T, then dV += P^T dO and dK += dS^T Q in one group.
             wgmma_wait_group<0>();
             pin_registers(dp);
-#pragma unroll
-            for (int i = 0; i < BQ / 2; i++) dp[i] = s[i] * (dp[i] - D_t[8 * (i / 4) + c + i % 2]);
+            ds_t(s, dp, D_t);
             wgmma_acc_to_a<BQ>(pa, s);
             wgmma_acc_to_a<BQ>(dsa, dp);
             pin_registers(pa);
@@ -843,15 +848,8 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             pin_registers(dv);
             pin_registers(dk);
             wgmma_fence();
-            wgmma_accumulate_packed<HD, BQ>(dv, pa, wgmma_desc_advance(do_desc_t, st_bytes));
-            wgmma_accumulate_packed<HD, BQ>(dk, dsa, wgmma_desc_advance(q_desc_t, st_bytes));
-            wgmma_commit_group();
-            wgmma_wait_group<0>();  // dV and dK done: the stage is free
-            pin_registers(pa);
-            pin_registers(dv);
-            pin_registers(dsa);
-            pin_registers(dk);
-            mbarrier_arrive(empty0 + 8 * stage);
+            grads(stage, pa, dsa);
+            finish_grads(stage, pa, dsa);  // dV and dK done: the stage is free
         }
     }
 

@@ -24,7 +24,6 @@
 // dev/cuda/fused_classifier.cu has the timings (H100, 2048 rows of 128256: 0.484 ms two passes, 0.372 ms on chip).
 #pragma once
 
-#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 
@@ -230,19 +229,19 @@ __global__ void __launch_bounds__(CLASSIFIER_BLOCK, 1)
     });
 }
 
-// Shared memory the on-chip kernel needs for rows of V elements, or 0 when the row does not fit (then the two-pass
-// kernel runs). Rows must start 16-byte aligned: V a multiple of VEC16 (and logits from cudaMalloc).
-inline size_t classifier_on_chip_smem(int V) {
+// Whether rows of V elements fit the on-chip kernel, and the dynamic shared memory it then needs. Rows must start
+// 16-byte aligned: V a multiple of VEC16 (and the logits aligned, which the caller checks).
+inline bool classifier_on_chip_fits(int V, size_t* smem_bytes) {
     static int smem_limit = -1;  // the opt-in maximum of shared memory per block, on the current device
     if (smem_limit < 0) {
         int device;
         cudaCheck(cudaGetDevice(&device));
         cudaCheck(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     }
-    if (V % VEC16 != 0) return 0;
+    if (V % VEC16 != 0) return false;
     size_t vectors = (size_t)(V / VEC16), in_registers = (size_t)CLASSIFIER_REG_VECS * CLASSIFIER_BLOCK;
-    size_t bytes = vectors > in_registers ? (vectors - in_registers) * sizeof(int4) : 0;
-    return bytes + 1024 <= (size_t)smem_limit ? std::max<size_t>(bytes, 16) : 0;  // 1 KB left for the merge
+    *smem_bytes = vectors > in_registers ? (vectors - in_registers) * sizeof(int4) : 0;
+    return *smem_bytes + 1024 <= (size_t)smem_limit;  // 1 KB left for the merge's static arrays
 }
 
 // losses (N) overwritten; logits (N, V) overwritten in place by dlogits when write_dlogits (else left unchanged).
@@ -253,8 +252,8 @@ inline void fused_classifier(floatX* logits, float* losses, float dloss, const i
         fprintf(stderr, "Error: fused_classifier with V=%d\n", V);
         fail_exit();
     }
-    size_t smem = classifier_on_chip_smem(V);
-    if (smem > 0 && ((uintptr_t)logits & 15) == 0) {
+    size_t smem = 0;
+    if (classifier_on_chip_fits(V, &smem) && ((uintptr_t)logits & 15) == 0) {
         static size_t smem_set = 0;  // the largest dynamic shared memory the kernel was allowed so far
         if (smem > smem_set) {
             cudaCheck(cudaFuncSetAttribute(classifier_on_chip_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
