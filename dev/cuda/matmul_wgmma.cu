@@ -28,12 +28,12 @@
 // trainer's call with its algorithm choice, measured in the same rounds):
 //
 //   | product (M, N, K)            | cuBLASLt sustained | v1      | v2      | v3      | v4      | v5      |
-//   | w13 fwd (16384, 16384, 2048) | 696-734            | 559-587 | 571     | 625-670 | 635-667 | 566-593 |
-//   | w2 dinp (16384, 8192, 2048)  | 671-713            | 551-580 | 569     | 620-650 | 629-655 | 578-589 |
-//   | qkv fwd (16384, 3072, 2048)  | 658-710            | 542-590 | 561     | 646-666 | 650-679 | 584-590 |
-//   | w2 fwd (16384, 2048, 8192)   | 683-711            | 652-667 | 677     | 675-690 | 682-703 | 571-583 |
+//   | w13 fwd (16384, 16384, 2048) | 696-734            | 559-587 | 571-575 | 625-670 | 635-667 | 566-593 |
+//   | w2 dinp (16384, 8192, 2048)  | 671-713            | 551-580 | 568-569 | 620-650 | 627-655 | 578-591 |
+//   | qkv fwd (16384, 3072, 2048)  | 658-710            | 542-590 | 561-567 | 646-666 | 650-679 | 584-590 |
+//   | w2 fwd (16384, 2048, 8192)   | 683-711            | 641-667 | 642-677 | 675-693 | 682-703 | 571-583 |
 //
-// Two to four rounds per version (v2: one). v2 and v4 as first written released a stage in the peer CTA with
+// Two to five rounds per version (v2: two). v2 and v4 as first written released a stage in the peer CTA with
 // `mbarrier.arrive.release.cluster` and ran at 391-470; the plain `mbarrier.arrive.shared::cluster` (default
 // .release.cta, as CUTLASS's cluster barrier does it) gives the figures above.
 // Under ncu (clocks locked at 1.41 GHz), w13: v1 1.83 ms, v3 1.58, v4 1.57 (381 -> 357 -> 312 M L2 read sectors),
@@ -143,6 +143,31 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
         : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
 }
 
+// One warp's 16 rows x 64 columns of a wgmma accumulator fragment (columns 8 jj + c, +1 of rows g and g + 8 at
+// frag[4 (j0 + jj) ..], jj < 8) to global memory at (col, row) of out_map: written into the 2 KiB staging buffer
+// `buf` in the 128-byte swizzle (conflict-free: rows g and g + 8 share a swizzle, the 8 g's spread the chunks over
+// all banks), then one TMA store. The buffer is reused only after the store two calls back has read it, so a warp
+// alternates two buffers and goes on to its next products while the stores drain.
+template <int R>
+__device__ __forceinline__ void store_chunk_tma(const float (&frag)[R], int j0, uint32_t buf, const void* out_map,
+                                                int col, int row, int g, int c, int lane) {
+    if (lane == 0) bulk_wait_group_read<1>();
+    __syncwarp();
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++) {
+        const int j = j0 + jj;
+        const uint32_t chunk = 16 * (jj ^ g) + 2 * c;
+        st_shared_u32(buf + g * 128 + chunk, pack_bf16x2(frag[4 * j], frag[4 * j + 1]));
+        st_shared_u32(buf + (g + 8) * 128 + chunk, pack_bf16x2(frag[4 * j + 2], frag[4 * j + 3]));
+    }
+    fence_proxy_async_shared();
+    __syncwarp();
+    if (lane == 0) {
+        tma_store_2d(out_map, buf, col, row);
+        bulk_commit_group();
+    }
+}
+
 // Work unit `unit` of the persistent order (a tile, or with CLUSTER = 2 a pair of tiles one above the other):
 // groups of GROUP_M unit rows, column by column inside a group, so the CTAs running at once share a few A row panels
 // and B column panels in L2.
@@ -248,28 +273,12 @@ __global__ void __launch_bounds__(THREADS, 1)
             pin_registers(acc);
             release((it - 1) % STAGES);
             if constexpr (TMA_STORE) {
-                // The warp's 16 rows in four 64-column chunks: into a staging buffer in the 128-byte swizzle (the
-                // fragment writes are conflict-free), then one TMA store each; the warp goes on to the next tile
-                // while the stores drain, and waits only before it overwrites a buffer.
+                // the warp's 16 rows in four 64-column chunks, through two staging buffers
                 const uint32_t warp_staging = staging + (wg * 4 + warp) * 4096;
 #pragma unroll
                 for (int q = 0; q < BN / 64; q++) {
-                    const uint32_t buf = warp_staging + (q % 2) * 2048;
-                    if (lane == 0) bulk_wait_group_read<1>();
-                    __syncwarp();
-#pragma unroll
-                    for (int jj = 0; jj < 8; jj++) {
-                        const int j = 8 * q + jj;
-                        const uint32_t chunk = 16 * (jj ^ g) + 2 * c;  // rows g and g + 8 share the swizzle
-                        st_shared_u32(buf + g * 128 + chunk, pack_bf16x2(acc[4 * j], acc[4 * j + 1]));
-                        st_shared_u32(buf + (g + 8) * 128 + chunk, pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]));
-                    }
-                    fence_proxy_async_shared();
-                    __syncwarp();
-                    if (lane == 0) {
-                        tma_store_2d(&out_map, buf, tn * BN + 64 * q, tm * BM + wg * 64 + warp * 16);
-                        bulk_commit_group();
-                    }
+                    store_chunk_tma(acc, 8 * q, warp_staging + (q % 2) * 2048, &out_map, tn * BN + 64 * q,
+                                    tm * BM + wg * 64 + warp * 16, g, c, lane);
                 }
             } else {
                 const int row = tm * BM + wg * 64 + warp * 16 + g;
@@ -421,22 +430,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             for (int h = 0; h < 2; h++) {
 #pragma unroll
                 for (int q = 0; q < PP_BN / 64; q++) {
-                    const uint32_t buf = warp_staging + q * 2048;
-                    if (lane == 0) bulk_wait_group_read<1>();
-                    __syncwarp();
-#pragma unroll
-                    for (int jj = 0; jj < 8; jj++) {
-                        const int jc = 8 * q + jj;
-                        const uint32_t chunk = 16 * (jj ^ g) + 2 * c;
-                        st_shared_u32(buf + g * 128 + chunk, pack_bf16x2(acc[h][4 * jc], acc[h][4 * jc + 1]));
-                        st_shared_u32(buf + (g + 8) * 128 + chunk, pack_bf16x2(acc[h][4 * jc + 2], acc[h][4 * jc + 3]));
-                    }
-                    fence_proxy_async_shared();
-                    __syncwarp();
-                    if (lane == 0) {
-                        tma_store_2d(&out_map, buf, tn * PP_BN + 64 * q, tm * BM + 64 * h + 16 * warp);
-                        bulk_commit_group();
-                    }
+                    store_chunk_tma(acc[h], 8 * q, warp_staging + q * 2048, &out_map, tn * PP_BN + 64 * q,
+                                    tm * BM + 64 * h + 16 * warp, g, c, lane);
                 }
             }
         }
@@ -446,28 +441,36 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
-template <int TRANS_B>
-static void launch_pingpong(const CUtensorMap& a_map, const CUtensorMap& b_map, const CUtensorMap& out_map, int M,
-                            int N, int K, int sms) {
-    static int resident = 0;
+// Launches `kernel` persistently in clusters of `cluster` CTAs along x: as many clusters as can be resident at
+// once (`resident`, asked once per kernel: a GPC with an odd SM count leaves one SM out), at most `units`.
+template <typename Kernel, typename... Args>
+static void launch_clusters(Kernel kernel, int cluster, size_t smem, int units, int sms, int& resident,
+                            Args... args) {
     cudaLaunchConfig_t config = {};
     config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = PP_SMEM_BYTES;
+    config.dynamicSmemBytes = smem;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.x = cluster;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
     config.attrs = attr;
     config.numAttrs = 1;
     if (resident == 0) {
-        cudaCheck(cudaFuncSetAttribute(matmul_pingpong_kernel<TRANS_B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       PP_SMEM_BYTES));
-        config.gridDim = dim3(2 * (sms / 2));
-        cudaCheck(cudaOccupancyMaxActiveClusters(&resident, matmul_pingpong_kernel<TRANS_B>, &config));
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        config.gridDim = dim3(cluster * (sms / cluster));
+        cudaCheck(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
     }
-    config.gridDim = dim3(2 * std::min(resident, (M / BM) * (N / PP_BN / 2)));
-    cudaCheck(cudaLaunchKernelEx(&config, matmul_pingpong_kernel<TRANS_B>, a_map, b_map, out_map, M, N, K));
+    config.gridDim = dim3(cluster * std::min(resident, units));
+    cudaCheck(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+template <int TRANS_B>
+static void launch_pingpong(const CUtensorMap& a_map, const CUtensorMap& b_map, const CUtensorMap& out_map, int M,
+                            int N, int K, int sms) {
+    static int resident = 0;
+    launch_clusters(matmul_pingpong_kernel<TRANS_B>, 2, PP_SMEM_BYTES, (M / BM) * (N / PP_BN / 2), sms, resident,
+                    a_map, b_map, out_map, M, N, K);
 }
 
 // A row-major (outer, inner) bf16 matrix as a 2-D tensor map with boxes of (box_inner, box_outer), 128-byte swizzle.
@@ -516,26 +519,9 @@ static void launch_wgmma(const CUtensorMap& a_map, const CUtensorMap& b_map, con
         cudaCheckLaunch();
         return;
     }
-    cudaLaunchConfig_t config = {};
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = CLUSTER;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    config.attrs = attr;
-    config.numAttrs = 1;
-    // persistent: as many clusters as can be resident at once (a GPC with an odd SM count leaves one SM out)
     static int resident = 0;
-    if (resident == 0) {
-        config.gridDim = dim3(CLUSTER * (sms / CLUSTER));
-        cudaCheck(cudaOccupancyMaxActiveClusters(&resident, matmul_wgmma_kernel<TRANS_B, CLUSTER, TMA_STORE>, &config));
-        printf("  (version with clusters of %d: %d resident clusters)\n", CLUSTER, resident);
-    }
-    config.gridDim = dim3(CLUSTER * std::min(resident, units));
-    cudaCheck(cudaLaunchKernelEx(&config, matmul_wgmma_kernel<TRANS_B, CLUSTER, TMA_STORE>, a_map, b_map, out_map, out, M,
-                                 N, K));
+    launch_clusters(matmul_wgmma_kernel<TRANS_B, CLUSTER, TMA_STORE>, CLUSTER, SMEM_BYTES, units, sms, resident, a_map,
+                    b_map, out_map, out, M, N, K);
 }
 
 static void matmul_wgmma(int version, floatX* out, const floatX* a, const floatX* b, int M, int N, int K,
