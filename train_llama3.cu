@@ -41,6 +41,7 @@
 #include "llmc/attention.cuh"
 #include "llmc/swiglu.cuh"
 #include "llmc/matmul.cuh"
+#include "llmc/matmul_swiglu.cuh"
 #include "llmc/fused_classifier.cuh"
 #include "llmc/global_norm.cuh"
 #include "llmc/adamw.cuh"
@@ -625,9 +626,8 @@ struct Llama3 {
             // the MLP branch: dresidual is the gradient of its output. The w2 weight gradient comes after the swiglu
             // backward, which also recomputes hact (at recompute level 1 and up) from its one pass over h13.
             prof.begin("bwd w2 matmul + swiglu");
-            matmul_backward(a.dhact, nullptr, a.dresidual.ptr, nullptr, p.w2 + (size_t)l * C * F, N, F, C, add,
-                            stream);
-            swiglu_backward(a.dh13, recompute >= 1 ? hact : nullptr, a.dhact, h13, N, F, stream);
+            matmul_swiglu_backward(a.dh13, recompute >= 1 ? hact : nullptr, a.dhact, a.dresidual.ptr,
+                                   p.w2 + (size_t)l * C * F, h13, N, F, C, stream);
             matmul_backward(nullptr, g.w2, a.dresidual.ptr, hact, p.w2 + (size_t)l * C * F, N, F, C, add, stream);
             prof.end();
             prof.begin("bwd w13 matmul + norm");

@@ -83,12 +83,10 @@
 #include <cstdint>
 #include <cstdio>
 
-#include <cuda.h>          // CUtensorMap and its enums; the encode function is fetched at run time (no -lcuda)
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
-
 #include "attention_common.cuh"
 #include "cuda_common.h"
 #include "ptx.cuh"
+#include "tensor_map.cuh"
 
 #if !defined(ENABLE_FP32)
 
@@ -1038,33 +1036,11 @@ inline bool attention_wgmma_usable() {
 // batch), innermost first, strides in bytes nested as cuTensorMapEncodeTiled wants them; box (64, 1, rows, 1) = rows
 // of 128 bytes, 128-byte swizzle; out-of-bounds elements (tokens >= T) read as zeros.
 inline CUtensorMap attention_heads_tensor_map(const floatX* base, int B, int T, int heads, int hd, int rows) {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-    if (encode == nullptr) {
-        void* fn = nullptr;
-        cudaDriverEntryPointQueryResult found;
-        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-        if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
-            fprintf(stderr, "attention_wgmma: the driver has no cuTensorMapEncodeTiled\n");
-            fail_exit();
-        }
-        encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-    }
     const cuuint64_t elem = sizeof(__nv_bfloat16);
     const cuuint64_t dims[4] = {(cuuint64_t)hd, (cuuint64_t)heads, (cuuint64_t)T, (cuuint64_t)B};
     const cuuint64_t strides[3] = {hd * elem, heads * hd * elem, (cuuint64_t)T * heads * hd * elem};
     const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
-    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-    CUtensorMap map;
-    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<floatX*>(base), dims, strides, box,
-                              element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        fprintf(stderr,
-                "attention_wgmma: cuTensorMapEncodeTiled failed (CUresult %d) for B %d T %d heads %d hd %d rows %d\n",
-                (int)r, B, T, heads, hd, rows);
-        fail_exit();
-    }
-    return map;
+    return tensor_map_bf16(base, 4, dims, strides, box, "attention_heads_tensor_map (hd, heads, T, B)");
 }
 
 // setmaxnreg.inc waits for registers that setmaxnreg.dec returned to the CTA's allocation: a CTA launched with fewer

@@ -1,12 +1,14 @@
-// Thin wrappers over the PTX instructions the tensor-core attention kernels use, and their operand conventions.
+// Thin wrappers over the PTX instructions the tensor-core attention and matmul kernels use, and their operand
+// conventions.
 //   sm_80 and later: cp.async (global -> shared, asynchronous), ldmatrix, mma.sync m16n8k16 bf16, named barriers.
 //   sm_90a only:     wgmma (warpgroup matrix multiply from shared-memory descriptors) and the async-proxy fence;
 //                    call these only from code compiled for sm_90a (the kernels guard their bodies with
 //                    __CUDA_ARCH_FEAT_SM90_ALL).
-//   sm_90:           mbarrier with transaction counts, TMA (cp.async.bulk.tensor), elect.sync, and setmaxnreg
-//                    (sm_90a only), for the warp-specialised forward (attention_wgmma.cuh; same guard).
-// Every wrapper is one instruction (or one register constraint; mbarrier_wait loops over one); names follow the
-// instruction.
+//   sm_90:           mbarrier with transaction counts, TMA (cp.async.bulk.tensor, also multicast to a cluster),
+//                    elect.sync, setmaxnreg (sm_90a only) and thread-block clusters, for the warp-specialised
+//                    kernels (attention_wgmma.cuh, matmul_swiglu.cuh; same guard).
+// Every wrapper is one instruction (or one register constraint; mbarrier_wait loops over one; the remote arrive
+// maps the address first); names follow the instruction.
 //
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: D (16 x 8 fp32) += A (16 x 16) B (16 x 8), bf16.
 // Fragment ownership (PTX ISA, "Matrix fragments for mma.m16n8k16"), with g = lane / 4 and c = 2 (lane % 4):
@@ -343,7 +345,8 @@ __device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
 }
 
 // D (64 x N) (+)= A B with A and B from descriptors; TRANS_A = 1: A MN-major (the M index contiguous: a stored
-// transpose, same descriptor rules as an MN-major B in the file comment), TRANS_B = 1: B MN-major. N = 32, 64.
+// transpose, same descriptor rules as an MN-major B in the file comment), TRANS_B = 1: B MN-major. N = 32, 64,
+// 192.
 template <int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void wgmma_bf16_ss_t(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     asm volatile(
@@ -368,4 +371,77 @@ __device__ __forceinline__ void wgmma_bf16_ss_t(float (&d)[32], uint64_t desc_a,
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
+}
+template <int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void wgmma_bf16_ss_t(float (&d)[96], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+        "}, %96, %97, p, 1, 1, %99, %100;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Thread-block clusters, 2-D TMA and shared-memory accesses (sm_90), for the persistent matmul (matmul_swiglu.cuh)
+
+// 2-D tiled TMA load of the box at (c0, c1) of `map` into shared memory at dst, completion on mbarrier bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, uint32_t bar, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+// The same box written to the same shared-memory offset of every CTA in `cta_mask` (of the cluster), each CTA's
+// mbarrier at offset `bar` credited with the bytes it received.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* map, uint32_t bar, int c0, int c1,
+                                                      uint16_t cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3}], [%4], %5;\n"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
+        : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+// Arrives on the mbarrier at shared offset `bar` of CTA `rank` of the cluster (this CTA included): the address is
+// mapped into that CTA's window first (mapa), then arrived on. The plain arrive (release at CTA scope, as CUTLASS's
+// cluster barrier does it): with .release.cluster the matmul ran at two thirds of its speed.
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar, uint32_t rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+// Every thread of every CTA of the cluster (arrive, then wait): mbarrier inits visible cluster-wide at the start; at
+// the end, no CTA leaves while a peer may still write into its shared memory or arrive on its barriers.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
 }

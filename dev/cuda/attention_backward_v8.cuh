@@ -61,9 +61,6 @@ __device__ __forceinline__ int atom_add_release_gpu(int* p, int v) {
     asm volatile("atom.release.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
     return old;
 }
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
 
 template <int HD, int STAGES, typename ACC>
 constexpr size_t backward_v8_smem_bytes() {

@@ -43,9 +43,36 @@
 // instead, and where the remaining 5-10% on the short-K products at the cap should lie, is a ping-pong schedule on a
 // larger tile than v5's 128 x 128 (v5 loses on L2 traffic).
 //
+// Session 18 (H100 80GB HBM3, same measures):
+// Version 6: ping-pong on cuBLASLt's larger tiles: 128 x 192 per warpgroup (two m64n192k16, 192 accumulators, 240
+// registers), 5 stages of 40 KiB, clusters of two CTAs along M sharing B (multicast), one 2 KiB staging buffer per
+// warp; N need not be a multiple of 192 (TMA zero-fills loads past N and clips stores). Sustained, one run of three
+// rounds (and a second run of two rounds): w13 fwd 634-656 (668) against cuBLASLt 682-731 (711-716); w2 dinp
+// 624-631 (649-652) against 680-702 (707-715); qkv 632-633 (644-648) against 641-673 (686-700); w2 fwd 605-634
+// (633-635) against 686-701 (700-714). So no better than v4. ncu on w13: v6 1.63 ms, 306 M L2 read sectors, 1.23 GB
+// read from DRAM (the weight re-read for every group of 8 tile rows); groups of 32 tile rows: 1.59 ms, 0.76 GB;
+// cuBLASLt's 176x128 ping-pong kernel 1.46 ms, 218 M sectors, 0.70 GB. Larger groups did not help at the cap (32
+// tile rows: 605-622 on w13).
+// Version 7: the SwiGLU backward fused into the w2 dinp product's epilogue: llmc/matmul_swiglu.cuh (version 6's
+// NN kernel with 4 stages and its own epilogue; see that file), checked bit for bit against the trainer's pair
+// (cuBLASLt's product, then swiglu_backward) and timed against it: ms per call at the 1B's shape (16384 tokens, F =
+// 8192, C = 2048), sustained:
+//
+//   | epilogue                                                                 | version 7    | the pair      |
+//   | each warp's fragments, 4-byte loads of g and u, stores from registers    | 2.239-2.242  | 1.272-1.325   |
+//   | rows through a 16-row shared buffer, 16-byte loads (the epilogue spills) | 1.783-1.795  | 1.261-1.314   |
+//   | 32-row buffer, accumulators cleared per tile, 8 vectors in flight (spill)| 1.276-1.304  | 1.266-1.306   |
+//   | the same, 4 vectors in flight (no spill; 2 or 3: the same)               | 1.072-1.090  | 1.250-1.317   |
+//   | the same, in llmc/ (the trainer's kernel)                                | 1.095-1.119  | 1.246-1.332   |
+//
+// Timing-only builds of the 4-vector epilogue: without the loads of g and u 0.946-0.961 ms, without the stores
+// 1.107-1.130 ms; version 6's product alone is about 0.85 ms. The fused kernel saves 0.13-0.24 ms per layer
+// against the pair, about 16% of the pair.
+//
 // Build: make -C dev/cuda bin/matmul_wgmma (bf16 only; the fp32 build prints that and exits 0)
 // Run:   ./matmul_wgmma [rounds [versions...]]   (default 1 round of cuBLASLt and every version)
 //        ./matmul_wgmma ncu                       one call of cuBLASLt and of each version on w13, for a profiler
+//        ./matmul_wgmma small                     the small shapes' checks only (for compute-sanitizer)
 #include "common.h"
 #include "../../llmc/matmul.cuh"
 
@@ -59,7 +86,9 @@ int main() {
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include "../../llmc/matmul_swiglu.cuh"
 #include "../../llmc/ptx.cuh"
+#include "../../llmc/tensor_map.cuh"
 
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, THREADS = 384, GROUP_M = 8;
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
@@ -68,22 +97,6 @@ constexpr int STAGING_BYTES = 8 * 2 * 2048;
 constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + STAGING_BYTES + 1024 + 16 * STAGES;  // + alignment + mbarriers
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;                 // 128 x 40 + 256 x 232 <= 65536
 
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, uint32_t bar, int c0, int c1) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-        : "memory");
-}
-// The same box written to the same shared-memory offset of every CTA in `cta_mask` (of the cluster), each CTA's
-// mbarrier at offset `bar` credited with the bytes it received.
-__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* map, uint32_t bar, int c0, int c1,
-                                                      uint16_t cta_mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%2, %3}], [%4], %5;\n"
-        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
-        : "memory");
-}
 // 2-D tiled TMA store of the box at (c0, c1) of `map` from shared memory src, in this thread's bulk group.
 __device__ __forceinline__ void tma_store_2d(const void* map, uint32_t src, int c0, int c1) {
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
@@ -96,26 +109,6 @@ template <int N>
 __device__ __forceinline__ void bulk_wait_group_read() {
     asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint32_t cluster_cta_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-// Arrives on the mbarrier at shared offset `bar` of CTA `rank` of the cluster (this CTA included).
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar, uint32_t rank) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-// Every thread of every CTA of the cluster: mbarrier inits visible cluster-wide at the start; at the end, no CTA
-// leaves while a peer may still write into its shared memory or arrive on its barriers.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
 // D (64 x 256 fp32) (+)= A (64 x 16) B (16 x 256), both from descriptors; TRANS_B = 1: B MN-major.
 template <int TRANS_B>
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -146,12 +139,13 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
 // One warp's 16 rows x 64 columns of a wgmma accumulator fragment (columns 8 jj + c, +1 of rows g and g + 8 at
 // frag[4 (j0 + jj) ..], jj < 8) to global memory at (col, row) of out_map: written into the 2 KiB staging buffer
 // `buf` in the 128-byte swizzle (conflict-free: rows g and g + 8 share a swizzle, the 8 g's spread the chunks over
-// all banks), then one TMA store. The buffer is reused only after the store two calls back has read it, so a warp
-// alternates two buffers and goes on to its next products while the stores drain.
-template <int R>
+// all banks), then one TMA store. Before writing, the warp waits until at most PENDING of its earlier stores still
+// read their buffers: with two buffers used in turn (PENDING = 1) it goes on to its next products while the stores
+// drain; with one (PENDING = 0) each store must have read the buffer before the next chunk is written.
+template <int PENDING, int R>
 __device__ __forceinline__ void store_chunk_tma(const float (&frag)[R], int j0, uint32_t buf, const void* out_map,
                                                 int col, int row, int g, int c, int lane) {
-    if (lane == 0) bulk_wait_group_read<1>();
+    if (lane == 0) bulk_wait_group_read<PENDING>();
     __syncwarp();
 #pragma unroll
     for (int jj = 0; jj < 8; jj++) {
@@ -277,7 +271,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const uint32_t warp_staging = staging + (wg * 4 + warp) * 4096;
 #pragma unroll
                 for (int q = 0; q < BN / 64; q++) {
-                    store_chunk_tma(acc, 8 * q, warp_staging + (q % 2) * 2048, &out_map, tn * BN + 64 * q,
+                    store_chunk_tma<1>(acc, 8 * q, warp_staging + (q % 2) * 2048, &out_map, tn * BN + 64 * q,
                                     tm * BM + wg * 64 + warp * 16, g, c, lane);
                 }
             } else {
@@ -411,7 +405,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                     for (int h = 0; h < 2; h++) {
                         wgmma_m64n128k16<TRANS_B>(acc[h],
                                                   wgmma_desc_advance(a_desc, s * PP_A_BYTES + h * 8192 + 32 * kk), b,
-                                                  kb > 0 || kk > 0);
+                                                    kb > 0 || kk > 0);
                     }
                 }
                 wgmma_commit_group();
@@ -430,8 +424,134 @@ __global__ void __launch_bounds__(THREADS, 1)
             for (int h = 0; h < 2; h++) {
 #pragma unroll
                 for (int q = 0; q < PP_BN / 64; q++) {
-                    store_chunk_tma(acc[h], 8 * q, warp_staging + q * 2048, &out_map, tn * PP_BN + 64 * q,
+                    store_chunk_tma<1>(acc[h], 8 * q, warp_staging + q * 2048, &out_map, tn * PP_BN + 64 * q,
                                     tm * BM + 64 * h + 16 * warp, g, c, lane);
+                }
+            }
+        }
+        if (lane == 0) bulk_wait_group_read<0>();
+    }
+    cluster_sync();
+#endif
+}
+
+// Version 6, ping-pong on the larger tile cuBLASLt's fastest kernels use: each consumer warpgroup owns whole 128 x 192
+// tiles (two m64n192k16 per k16 step, 192 accumulators a thread, 240 registers), the producer 24 registers. 5 stages
+// of 40 KiB. Clusters of two CTAs along M share B: each loads half of B's k-block (TN: 96 of its rows; NN: 32 of
+// the 64 k-rows of each 64-column block) and multicasts it to both. One 2 KiB staging buffer per warp (the epilogue
+// has the other warpgroup's whole mainloop to drain in). N need not be a multiple of 192: TMA fills the loads past N
+// with zeros and clips the stores.
+constexpr int V6_BN = 192, V6_A_BYTES = BM * BK * 2, V6_B_BYTES = V6_BN * BK * 2;
+constexpr int V6_STAGE_BYTES = V6_A_BYTES + V6_B_BYTES;
+constexpr int V6_STAGES = 5, V6_STAGING_BYTES = 8 * 2048;
+constexpr int V6_PRODUCER_REGS = 24, V6_CONSUMER_REGS = 240;  // 128 x 24 + 256 x 240 <= 65536
+constexpr int V6_SMEM_BYTES = V6_STAGES * V6_STAGE_BYTES + V6_STAGING_BYTES + 1024 + 16 * V6_STAGES;
+
+template <int TRANS_B>
+__global__ void __launch_bounds__(THREADS, 1)
+    matmul_pingpong192_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
+                              const __grid_constant__ CUtensorMap out_map, int M, int N, int K) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int CLUSTER = 2;
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t smem = (smem_addr(smem_raw) + 1023u) & ~1023u;
+    const uint32_t a_sm = smem, b_sm = smem + V6_STAGES * V6_A_BYTES;
+    const uint32_t staging = b_sm + V6_STAGES * V6_B_BYTES, full0 = staging + V6_STAGING_BYTES;
+    const uint32_t empty0 = full0 + 8 * V6_STAGES;
+    const int rank = (int)cluster_cta_rank();
+    const int units_m = M / BM / CLUSTER, units_n = (N + V6_BN - 1) / V6_BN, n_units = units_m * units_n;
+    const int k_blocks = K / BK, first_unit = blockIdx.x / CLUSTER, unit_stride = gridDim.x / CLUSTER;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < V6_STAGES; s++) {
+            mbarrier_init(full0 + 8 * s, 1);
+            mbarrier_init(empty0 + 8 * s, 4 * CLUSTER);  // the using warpgroup's 4 warps, in both CTAs
+        }
+        fence_mbarrier_init();
+    }
+    cluster_sync();
+
+    if (threadIdx.x < 128) {  // producer
+        setmaxnreg_dec<V6_PRODUCER_REGS>();
+        if (threadIdx.x < 32 && elect_one_sync()) {
+            int it = 0;
+            for (int unit = first_unit; unit < n_units; unit += unit_stride) {
+                int um, tn;
+                unit_coords(unit, units_m, units_n, GROUP_M / CLUSTER, um, tn);
+                const int tm = um * CLUSTER + rank;
+                for (int kb = 0; kb < k_blocks; kb++, it++) {
+                    const int s = it % V6_STAGES, round = it / V6_STAGES;
+                    const uint32_t full = full0 + 8 * s, b_dst = b_sm + s * V6_B_BYTES;
+                    if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);
+                    mbarrier_arrive_expect_tx(full, V6_STAGE_BYTES);
+                    tma_load_2d(a_sm + s * V6_A_BYTES, &a_map, full, kb * BK, tm * BM);
+                    if (TRANS_B) {
+                        for (int cb = 0; cb < V6_BN / 64; cb++) {
+                            tma_load_2d_multicast(b_dst + cb * (BK * 128) + rank * (BK * 64), &b_map, full,
+                                                  tn * V6_BN + 64 * cb, kb * BK + rank * (BK / 2), 3);
+                        }
+                    } else {
+                        tma_load_2d_multicast(b_dst + rank * (V6_B_BYTES / 2), &b_map, full, kb * BK,
+                                              tn * V6_BN + rank * (V6_BN / 2), 3);
+                    }
+                }
+            }
+        }
+        __syncwarp();
+    } else {
+        setmaxnreg_inc<V6_CONSUMER_REGS>();
+        const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+        const int g = lane / 4, c = 2 * (lane % 4);
+        const uint64_t a_desc = wgmma_desc_sw128(a_sm, 16, 1024);
+        const uint64_t b_desc = TRANS_B ? wgmma_desc_sw128(b_sm, BK * 128, 1024) : wgmma_desc_sw128(b_sm, 16, 1024);
+        const uint32_t warp_staging = staging + (wg * 4 + warp) * 2048;
+        auto release = [&](int stage) {
+            if (lane < CLUSTER) mbarrier_arrive_cluster(empty0 + 8 * stage, lane);
+        };
+        float acc[2][96];
+        // the turn-taking of version 5
+        if (wg == 1) named_barrier_arrive<256>(1);
+        for (int j = wg, unit = first_unit + wg * unit_stride; unit < n_units; j += 2, unit += 2 * unit_stride) {
+            int um, tn;
+            unit_coords(unit, units_m, units_n, GROUP_M / CLUSTER, um, tn);
+            const int tm = um * CLUSTER + rank;
+            int it = j * k_blocks;
+            // The wgmmas read the accumulators (the first one scales them by 0): clearing them here tells the
+            // compiler that the last tile's values are dead after its epilogue, whose registers it may then use.
+#pragma unroll
+            for (int i = 0; i < 96; i++) acc[0][i] = acc[1][i] = 0.0f;
+            named_barrier_sync<256>(1 + wg);
+            for (int kb = 0; kb < k_blocks; kb++, it++) {
+                const int s = it % V6_STAGES;
+                mbarrier_wait(full0 + 8 * s, (it / V6_STAGES) & 1);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; kk++) {
+                    const uint64_t b = wgmma_desc_advance(b_desc, s * V6_B_BYTES + (TRANS_B ? 2048 : 32) * kk);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        wgmma_bf16_ss_t<0, TRANS_B>(acc[h],
+                                                    wgmma_desc_advance(a_desc, s * V6_A_BYTES + h * 8192 + 32 * kk), b,
+                                                    kb > 0 || kk > 0);
+                    }
+                }
+                wgmma_commit_group();
+                if (kb > 0) {
+                    wgmma_wait_group<1>();
+                    release((it - 1) % V6_STAGES);
+                }
+            }
+            if (unit + unit_stride < n_units) named_barrier_arrive<256>(2 - wg);  // the next tile's turn
+            wgmma_wait_group<0>();
+            pin_registers(acc[0]);
+            pin_registers(acc[1]);
+            release((it - 1) % V6_STAGES);
+            // rows 16 warp + g (+ 8) of each 64-row half, three 64-column chunks each, through the one buffer
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+#pragma unroll
+                for (int q = 0; q < V6_BN / 64; q++) {
+                    store_chunk_tma<0>(acc[h], 8 * q, warp_staging, &out_map, tn * V6_BN + 64 * q,
+                                       tm * BM + 64 * h + 16 * warp, g, c, lane);
                 }
             }
         }
@@ -473,32 +593,12 @@ static void launch_pingpong(const CUtensorMap& a_map, const CUtensorMap& b_map, 
                     a_map, b_map, out_map, M, N, K);
 }
 
-// A row-major (outer, inner) bf16 matrix as a 2-D tensor map with boxes of (box_inner, box_outer), 128-byte swizzle.
-static CUtensorMap tensor_map_2d(const floatX* base, int inner, int outer, int box_inner, int box_outer) {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-    if (encode == nullptr) {
-        void* fn = nullptr;
-        cudaDriverEntryPointQueryResult found;
-        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-        if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
-            fprintf(stderr, "matmul_wgmma: the driver has no cuTensorMapEncodeTiled\n");
-            exit(EXIT_FAILURE);
-        }
-        encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-    }
-    const cuuint64_t dims[2] = {(cuuint64_t)inner, (cuuint64_t)outer};
-    const cuuint64_t strides[1] = {(cuuint64_t)inner * sizeof(floatX)};
-    const cuuint32_t box[2] = {(cuuint32_t)box_inner, (cuuint32_t)box_outer};
-    const cuuint32_t element_strides[2] = {1, 1};
-    CUtensorMap map;
-    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<floatX*>(base), dims, strides, box,
-                              element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        fprintf(stderr, "matmul_wgmma: cuTensorMapEncodeTiled failed (%d)\n", (int)r);
-        exit(EXIT_FAILURE);
-    }
-    return map;
+template <int TRANS_B>
+static void launch_pingpong192(const CUtensorMap& a_map, const CUtensorMap& b_map, const CUtensorMap& out_map, int M,
+                               int N, int K, int sms) {
+    static int resident = 0;
+    launch_clusters(matmul_pingpong192_kernel<TRANS_B>, 2, V6_SMEM_BYTES, (M / BM / 2) * ((N + V6_BN - 1) / V6_BN),
+                    sms, resident, a_map, b_map, out_map, M, N, K);
 }
 
 // out (M, N) = A (M, K) B^T (trans_b = false: B is (N, K)) or A B (trans_b = true: B is (K, N)). version 1: one CTA
@@ -526,6 +626,21 @@ static void launch_wgmma(const CUtensorMap& a_map, const CUtensorMap& b_map, con
 
 static void matmul_wgmma(int version, floatX* out, const floatX* a, const floatX* b, int M, int N, int K,
                          bool trans_b) {
+    if (version == 6) {
+        if (M % (2 * BM) != 0 || N % 8 != 0 || K % BK != 0) {
+            fprintf(stderr, "matmul_wgmma: M %d, N %d, K %d must be multiples of %d, 8, %d\n", M, N, K, 2 * BM, BK);
+            exit(EXIT_FAILURE);
+        }
+        static int sms6 = 0;
+        if (sms6 == 0) cudaCheck(cudaDeviceGetAttribute(&sms6, cudaDevAttrMultiProcessorCount, 0));
+        const CUtensorMap a_map = tensor_map_2d(a, K, M, BK, BM, "matmul_wgmma");
+        const CUtensorMap b_map = trans_b ? tensor_map_2d(b, N, K, 64, BK / 2, "matmul_wgmma")
+                                          : tensor_map_2d(b, K, N, BK, V6_BN / 2, "matmul_wgmma");
+        const CUtensorMap out_map = tensor_map_2d(out, N, M, 64, 16, "matmul_wgmma");
+        if (trans_b) launch_pingpong192<1>(a_map, b_map, out_map, M, N, K, sms6);
+        else launch_pingpong192<0>(a_map, b_map, out_map, M, N, K, sms6);
+        return;
+    }
     if (version == 5) {
         if (M % BM != 0 || N % (2 * PP_BN) != 0 || K % BK != 0) {
             fprintf(stderr, "matmul_wgmma: M %d, N %d, K %d must be multiples of %d, %d, %d\n", M, N, K, BM,
@@ -534,9 +649,10 @@ static void matmul_wgmma(int version, floatX* out, const floatX* a, const floatX
         }
         static int sms5 = 0;
         if (sms5 == 0) cudaCheck(cudaDeviceGetAttribute(&sms5, cudaDevAttrMultiProcessorCount, 0));
-        const CUtensorMap a_map = tensor_map_2d(a, K, M, BK, BM / 2);
-        const CUtensorMap b_map = trans_b ? tensor_map_2d(b, N, K, 64, BK) : tensor_map_2d(b, K, N, BK, PP_BN);
-        const CUtensorMap out_map = tensor_map_2d(out, N, M, 64, 16);
+        const CUtensorMap a_map = tensor_map_2d(a, K, M, BK, BM / 2, "matmul_wgmma");
+        const CUtensorMap b_map = trans_b ? tensor_map_2d(b, N, K, 64, BK, "matmul_wgmma")
+                                          : tensor_map_2d(b, K, N, BK, PP_BN, "matmul_wgmma");
+        const CUtensorMap out_map = tensor_map_2d(out, N, M, 64, 16, "matmul_wgmma");
         if (trans_b) launch_pingpong<1>(a_map, b_map, out_map, M, N, K, sms5);
         else launch_pingpong<0>(a_map, b_map, out_map, M, N, K, sms5);
         return;
@@ -549,9 +665,10 @@ static void matmul_wgmma(int version, floatX* out, const floatX* a, const floatX
     }
     static int sms = 0;
     if (sms == 0) cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    const CUtensorMap a_map = tensor_map_2d(a, K, M, BK, BM);
-    const CUtensorMap b_map = trans_b ? tensor_map_2d(b, N, K, 64, BK) : tensor_map_2d(b, K, N, BK, BN / cluster);
-    const CUtensorMap out_map = tensor_map_2d(out, N, M, 64, 16);
+    const CUtensorMap a_map = tensor_map_2d(a, K, M, BK, BM, "matmul_wgmma");
+    const CUtensorMap b_map = trans_b ? tensor_map_2d(b, N, K, 64, BK, "matmul_wgmma")
+                                      : tensor_map_2d(b, K, N, BK, BN / cluster, "matmul_wgmma");
+    const CUtensorMap out_map = tensor_map_2d(out, N, M, 64, 16, "matmul_wgmma");
     switch (version * 2 + trans_b) {
         case 2: launch_wgmma<0, 1, false>(a_map, b_map, out_map, out, M, N, K, sms); break;
         case 3: launch_wgmma<1, 1, false>(a_map, b_map, out_map, out, M, N, K, sms); break;
@@ -645,12 +762,66 @@ static void time_shape(const Shape& s, int rounds, const std::vector<int>& versi
     cudaCheck(cudaFree(out));
 }
 
+// Version 7 against the trainer's pair, cuBLASLt's dinp product into dhact then swiglu_backward: dh13 and hact bit
+// for bit, then timed like the products (rounds alternating: the pair, version 6's product + swiglu_backward,
+// version 7). dhact (M, F) = dout (M, C) W2 (C, F).
+static void swiglu_backward_case(const char* name, int M, int F, int C, int rounds) {
+    printf("version 7, %s: M=%d F=%d C=%d\n", name, M, F, C);
+    const size_t n_act = (size_t)M * F, n_h13 = 2 * n_act;
+    floatX* dout = device_random<floatX>((size_t)M * C, 31, 1.0f);
+    floatX* w2 = device_random<floatX>((size_t)C * F, 32, 1.0f);
+    floatX* h13 = device_random<floatX>(n_h13, 33, 3.0f);
+    floatX *dhact, *dh13_ref, *hact_ref, *dh13, *hact;
+    cudaCheck(cudaMalloc(&dhact, n_act * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&hact_ref, n_act * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&hact, n_act * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dh13_ref, n_h13 * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dh13, n_h13 * sizeof(floatX)));
+    poison(dhact, n_act * sizeof(floatX));
+    poison(hact_ref, n_act * sizeof(floatX));
+    poison(hact, n_act * sizeof(floatX));
+    poison(dh13_ref, n_h13 * sizeof(floatX));
+    poison(dh13, n_h13 * sizeof(floatX));
+    auto pair = [&](int version) {
+        if (version == 0) matmul_cublaslt(dhact, dout, w2, M, F, C, true);
+        else matmul_wgmma(version, dhact, dout, w2, M, F, C, true);
+        swiglu_backward(dh13_ref, hact_ref, dhact, h13, M, F, 0);
+    };
+    auto fused = [&] { matmul_swiglu_backward_fused(dh13, hact, dout, w2, h13, M, F, C, 0); };
+    pair(0);
+    fused();
+    cudaCheck(cudaDeviceSynchronize());
+    validate_bitwise("dh13 against cuBLASLt + swiglu_backward", dh13, dh13_ref, n_h13);
+    validate_bitwise("hact against cuBLASLt + swiglu_backward", hact, hact_ref, n_act);
+    if (rounds > 0) {
+        const double flops = 2.0 * M * (double)F * C;
+        printf("  ms per call alone / sustained (and the product's TFLOP/s sustained):\n");
+        for (int round = 0; round < rounds; round++) {
+            for (int variant = 0; variant < 3; variant++) {
+                auto run = [&] {
+                    if (variant == 2) fused();
+                    else pair(variant == 0 ? 0 : 6);
+                };
+                const float alone = benchmark_ms(20, run);
+                for (int i = 0; i < 100; i++) run();
+                const float sustained = benchmark_ms(1, [&] { for (int i = 0; i < 200; i++) run(); }) / 200.0f;
+                const char* names[3] = {"cuBLASLt + swiglu_backward", "version 6 + swiglu_backward", "version 7"};
+                printf("  round %d %-28s %.4f / %.4f ms (%.1f)\n", round, names[variant], alone, sustained,
+                       flops / (sustained * 1e-3) / 1e12);
+            }
+        }
+    }
+    for (floatX* p : {dout, w2, h13, dhact, dh13_ref, hact_ref, dh13, hact}) cudaCheck(cudaFree(p));
+}
+
 int main(int argc, char** argv) {
     require_gpu(argv[0]);
     const int rounds = argc > 1 ? std::max(1, atoi(argv[1])) : 1;
     std::vector<int> versions = {0};  // cuBLASLt, then the versions to time (default: all)
     for (int i = 2; i < argc; i++) versions.push_back(atoi(argv[i]));
-    if (versions.size() == 1) versions = {0, 1, 2, 3, 4, 5};
+    if (versions.size() == 1) versions = {0, 1, 2, 3, 4, 5, 6, 7};
+    const bool fused_case = std::find(versions.begin(), versions.end(), 7) != versions.end();
+    versions.erase(std::remove(versions.begin(), versions.end(), 7), versions.end());
     matmul_init(0);
     if (argc > 1 && strcmp(argv[1], "ncu") == 0) {  // one call of each on the w13 shape, for the profiler
         const Shape s = {"w13 fwd", 16384, 16384, 2048, false};
@@ -658,7 +829,7 @@ int main(int argc, char** argv) {
         floatX* b = device_random<floatX>((size_t)s.N * s.K, 22, 1.0f);
         floatX* out;
         cudaCheck(cudaMalloc(&out, (size_t)s.M * s.N * sizeof(floatX)));
-        for (int version = 0; version <= 5; version++) {
+        for (int version = 0; version <= 6; version++) {
             if (version > 0) matmul_wgmma(version, out, a, b, s.M, s.N, s.K, s.trans_b);
             else matmul_cublaslt(out, a, b, s.M, s.N, s.K, s.trans_b);
         }
@@ -666,16 +837,32 @@ int main(int argc, char** argv) {
         return 0;
     }
     const Shape small_tn = {"small", 256, 512, 192, false}, small_nn = {"small", 256, 512, 192, true};
+    if (argc > 1 && strcmp(argv[1], "small") == 0) {  // the small shapes only, no timing (for compute-sanitizer)
+        for (int version = 1; version <= 6; version++) {
+            validate_shape(version, small_tn, 256);
+            validate_shape(version, small_nn, 256);
+        }
+        swiglu_backward_case("small", 256, 512, 192, 0);
+        matmul_destroy();
+        return finish(argv[0]);
+    }
     const Shape shapes[] = {{"w13 fwd", 16384, 16384, 2048, false},
                             {"w2 dinp", 16384, 8192, 2048, true},
                             {"qkv fwd", 16384, 3072, 2048, false},
                             {"w2 fwd", 16384, 2048, 8192, false}};
-    for (int version = 1; version <= 5; version++) {
+    for (int version : versions) {  // each version timed is validated first
+        if (version == 0) continue;
         validate_shape(version, small_tn, 256);
         validate_shape(version, small_nn, 256);
         for (const Shape& s : shapes) validate_shape(version, s, 4);
     }
-    for (const Shape& s : shapes) time_shape(s, rounds, versions);
+    if (fused_case) {
+        swiglu_backward_case("small", 256, 512, 192, 0);
+        swiglu_backward_case("the 1B's w2 dinp", 16384, 8192, 2048, rounds);
+    }
+    if (versions.size() > 1) {
+        for (const Shape& s : shapes) time_shape(s, rounds, versions);
+    }
     matmul_destroy();
     return finish(argv[0]);
 }

@@ -187,16 +187,19 @@ def test_bad_flags_rejected(build, small_run_inputs, tmp_path, case):
     assert word in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("model", ["test-gqa", "d2"])
+@pytest.mark.parametrize("model", ["test-gqa", "d2", "d2-fused"])
 def test_compute_sanitizer_memcheck(build, small_run_inputs, tmp_path, model):
     """test-gqa (head dim 8) runs the scalar attention kernels, d2 (head dim 64, T = 100: a ragged last tile) the
-    tensor-core ones."""
+    tensor-core ones; d2-fused (256 tokens a micro-batch, F = 512: a ragged last tile column) also the w2 product
+    with the SwiGLU backward fused on Hopper (matmul_swiglu.cuh)."""
     sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not os.path.exists(sanitizer):
         pytest.skip("compute-sanitizer not installed")
     cmd = train_cmd(build["BF16"]["train"], small_run_inputs, tmp_path / "san", 3, "-n", "0")
     if model == "d2":
         cmd = cmd[:1] + ["-c", "d2"] + cmd[3:] + ["-b", "2", "-t", "100", "-g", "200"]
+    if model == "d2-fused":
+        cmd = cmd[:1] + ["-c", "d2"] + cmd[3:] + ["-b", "2", "-t", "128", "-g", "256"]
     result = run([sanitizer, "--tool", "memcheck", "--error-exitcode", "9", *cmd], timeout=1200)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "ERROR SUMMARY: 0 errors" in result.stdout + result.stderr
