@@ -1007,29 +1007,11 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
 // ----------------------------------------------------------------------------------------------------------------
 // Host side
 
-// True when the kernels of this file can run on the current device: compute capability 9.0 (H100 / H200; wgmma is
-// sm_90a-only, later architectures do not run sm_90a code), and the kernel image the runtime picked is sm_90 machine
-// code (not, say, an sm_80 image or PTX JIT-compiled from an older target, where the bodies are traps). One kernel's
-// image stands for all of them: they are compiled together. Cached per device: both queries are host-side,
-// but need not be repeated every layer.
+// True when the kernels of this file can run on the current device (sm90a_kernel_runs); one kernel's image stands
+// for all of them: they are compiled together.
 inline bool attention_wgmma_usable() {
-    static int cached_device = -1;
-    static bool cached_usable = false;
-    int device;
-    cudaCheck(cudaGetDevice(&device));
-    if (device != cached_device) {
-        int major = 0, minor = 0;
-        cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-        cached_usable = false;
-        if (major == 9 && minor == 0) {
-            cudaFuncAttributes attr;
-            cudaCheck(cudaFuncGetAttributes(&attr, attention_backward_dq_wgmma_kernel<64>));
-            cached_usable = attr.binaryVersion == 90;
-        }
-        cached_device = device;
-    }
-    return cached_usable;
+    static PerDeviceFlag cache;
+    return sm90a_kernel_runs(attention_backward_dq_wgmma_kernel<64>, cache);
 }
 
 // A (B, T, heads, hd) bf16 tensor (qkv: heads = H + 2 KV; dout: heads = H) as the 4-D tensor (hd, head, token,

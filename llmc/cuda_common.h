@@ -103,6 +103,33 @@ __device__ __forceinline__ float block_reduce_sum(float v, float* scratch) {
     return warp_reduce_sum(v);
 }
 
+// True when `kernel`, a kernel compiled for sm_90a (its body a trap elsewhere), runs on the current device: compute
+// capability 9.0 (H100 / H200; later architectures do not run sm_90a code) and the kernel image the runtime picked
+// is sm_90 machine code (not, say, an sm_80 image or PTX JIT-compiled from an older target). Both queries are
+// host-side but need not be repeated every layer, so the answer is cached per device in `cache` (one per caller).
+struct PerDeviceFlag {
+    int device = -1;
+    bool value = false;
+};
+template <typename Kernel>
+inline bool sm90a_kernel_runs(Kernel kernel, PerDeviceFlag& cache) {
+    int device;
+    cudaCheck(cudaGetDevice(&device));
+    if (device != cache.device) {
+        int major = 0, minor = 0;
+        cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        cache.value = false;
+        if (major == 9 && minor == 0) {
+            cudaFuncAttributes attr;
+            cudaCheck(cudaFuncGetAttributes(&attr, kernel));
+            cache.value = attr.binaryVersion == 90;
+        }
+        cache.device = device;
+    }
+    return cache.value;
+}
+
 // RAII device buffer: freed when it goes out of scope.
 template <typename T>
 struct DeviceBuffer {

@@ -238,29 +238,21 @@ __global__ void __launch_bounds__(MMSW_THREADS, 1)
 #endif
 }
 
-// True when the fused kernel runs on this device (compute capability 9.0 and an sm_90 kernel image, as
-// attention_wgmma_usable asks) and takes these shapes and pointers.
+// True when the fused kernel runs on this device (sm90a_kernel_runs; its register split checked too) and takes these
+// shapes and pointers.
 inline bool matmul_swiglu_usable(const floatX* dh13, const floatX* hact, const floatX* dout, const floatX* w2,
                                  const floatX* h13, int N, int F, int C) {
-    static int cached_device = -1;
-    static bool cached_usable = false;
-    int device;
-    cudaCheck(cudaGetDevice(&device));
-    if (device != cached_device) {
-        int major = 0, minor = 0;
-        cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-        cached_usable = false;
-        if (major == 9 && minor == 0) {
-            cudaFuncAttributes attr;
-            cudaCheck(cudaFuncGetAttributes(&attr, matmul_swiglu_backward_kernel));
-            cached_usable = attr.binaryVersion == 90 && attr.numRegs * MMSW_THREADS >=
-                                                            128 * MMSW_PRODUCER_REGS + 256 * MMSW_CONSUMER_REGS;
-        }
-        cached_device = device;
+    static PerDeviceFlag cache;
+    static bool registers_ok = false, registers_checked = false;
+    if (!sm90a_kernel_runs(matmul_swiglu_backward_kernel, cache)) return false;
+    if (!registers_checked) {  // setmaxnreg.inc would wait forever for registers the launch did not give the CTA
+        cudaFuncAttributes attr;
+        cudaCheck(cudaFuncGetAttributes(&attr, matmul_swiglu_backward_kernel));
+        registers_ok = attr.numRegs * MMSW_THREADS >= 128 * MMSW_PRODUCER_REGS + 256 * MMSW_CONSUMER_REGS;
+        registers_checked = true;
     }
     const uintptr_t any = (uintptr_t)dh13 | (uintptr_t)hact | (uintptr_t)dout | (uintptr_t)w2 | (uintptr_t)h13;
-    return cached_usable && N % (2 * MMSW_BM) == 0 && F % 8 == 0 && C % MMSW_BK == 0 && (any & 15) == 0;
+    return registers_ok && N % (2 * MMSW_BM) == 0 && F % 8 == 0 && C % MMSW_BK == 0 && (any & 15) == 0;
 }
 
 // dh13 (N, 2F) = [dg | du] and hact (N, F) (unless nullptr) from dout (N, C), w2 (C, F) and h13 (N, 2F).
