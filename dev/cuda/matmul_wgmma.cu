@@ -53,6 +53,11 @@
 // read from DRAM (the weight re-read for every group of 8 tile rows); groups of 32 tile rows: 1.59 ms, 0.76 GB;
 // cuBLASLt's 176x128 ping-pong kernel 1.46 ms, 218 M sectors, 0.70 GB. Larger groups did not help at the cap (32
 // tile rows: 605-622 on w13).
+// Version 8: version 6 with 32-deep k-blocks (A's rows 64 bytes in the 64-byte swizzle) in 10 stages of 20 KiB, so a
+// stage is released after half as many products and the producer runs further ahead. Bit-identical, and slower
+// (one run of two rounds, sustained): w13 551-576 (version 6 623-651, cuBLASLt 706-734), w2 dinp 600-601 (645;
+// 712-714), qkv 586 (647-649; 657-695), w2 fwd 547-549 (634-641; 701-711). The finer ring is not what version 6
+// lacks.
 // Version 7: the SwiGLU backward fused into the w2 dinp product's epilogue: llmc/matmul_swiglu.cuh (version 6's
 // NN kernel with 4 stages and its own epilogue; see that file), checked bit for bit against the trainer's pair
 // (cuBLASLt's product, then swiglu_backward) and timed against it: ms per call at the 1B's shape (16384 tokens, F =
@@ -441,18 +446,29 @@ __global__ void __launch_bounds__(THREADS, 1)
 // the 64 k-rows of each 64-column block) and multicasts it to both. One 2 KiB staging buffer per warp (the epilogue
 // has the other warpgroup's whole mainloop to drain in). N need not be a multiple of 192: TMA fills the loads past N
 // with zeros and clips the stores.
-constexpr int V6_BN = 192, V6_A_BYTES = BM * BK * 2, V6_B_BYTES = V6_BN * BK * 2;
-constexpr int V6_STAGE_BYTES = V6_A_BYTES + V6_B_BYTES;
-constexpr int V6_STAGES = 5, V6_STAGING_BYTES = 8 * 2048;
+constexpr int V6_BN = 192, V6_STAGING_BYTES = 8 * 2048;
 constexpr int V6_PRODUCER_REGS = 24, V6_CONSUMER_REGS = 240;  // 128 x 24 + 256 x 240 <= 65536
-constexpr int V6_SMEM_BYTES = V6_STAGES * V6_STAGE_BYTES + V6_STAGING_BYTES + 1024 + 16 * V6_STAGES;
+// k-block depth KB: 64 (version 6: 128-byte rows of A, 5 stages of 40 KiB) or 32 (version 8: 64-byte rows of A in
+// the 64-byte swizzle, 10 stages of 20 KiB: the same bytes in flight, released in halves as soon)
+__host__ __device__ constexpr int v6_stages(int kb) { return kb == 64 ? 5 : 10; }
+__host__ __device__ constexpr int v6_smem_bytes(int kb) {
+    return v6_stages(kb) * (BM + V6_BN) * kb * 2 + V6_STAGING_BYTES + 1024 + 16 * v6_stages(kb);
+}
+// K-major operand descriptor: KB = 64 the 128-byte swizzle (8-row atoms of 1024 bytes), KB = 32 the 64-byte one
+// (atoms of 512 bytes; layout type 2)
+template <int KB>
+__device__ __forceinline__ uint64_t v6_kmajor_desc(uint32_t addr) {
+    if constexpr (KB == 64) return wgmma_desc_sw128(addr, 16, 1024);
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(512 >> 4) << 32 | 2ull << 62;
+}
 
-template <int TRANS_B>
+template <int TRANS_B, int KB>
 __global__ void __launch_bounds__(THREADS, 1)
     matmul_pingpong192_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                               const __grid_constant__ CUtensorMap out_map, int M, int N, int K) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int CLUSTER = 2;
+    constexpr int CLUSTER = 2, V6_STAGES = v6_stages(KB), V6_A_BYTES = BM * KB * 2, V6_B_BYTES = V6_BN * KB * 2;
+    constexpr int V6_STAGE_BYTES = V6_A_BYTES + V6_B_BYTES;
     extern __shared__ uint8_t smem_raw[];
     const uint32_t smem = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const uint32_t a_sm = smem, b_sm = smem + V6_STAGES * V6_A_BYTES;
@@ -460,7 +476,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t empty0 = full0 + 8 * V6_STAGES;
     const int rank = (int)cluster_cta_rank();
     const int units_m = M / BM / CLUSTER, units_n = (N + V6_BN - 1) / V6_BN, n_units = units_m * units_n;
-    const int k_blocks = K / BK, first_unit = blockIdx.x / CLUSTER, unit_stride = gridDim.x / CLUSTER;
+    const int k_blocks = K / KB, first_unit = blockIdx.x / CLUSTER, unit_stride = gridDim.x / CLUSTER;
     if (threadIdx.x == 0) {
         for (int s = 0; s < V6_STAGES; s++) {
             mbarrier_init(full0 + 8 * s, 1);
@@ -483,14 +499,14 @@ __global__ void __launch_bounds__(THREADS, 1)
                     const uint32_t full = full0 + 8 * s, b_dst = b_sm + s * V6_B_BYTES;
                     if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);
                     mbarrier_arrive_expect_tx(full, V6_STAGE_BYTES);
-                    tma_load_2d(a_sm + s * V6_A_BYTES, &a_map, full, kb * BK, tm * BM);
+                    tma_load_2d(a_sm + s * V6_A_BYTES, &a_map, full, kb * KB, tm * BM);
                     if (TRANS_B) {
                         for (int cb = 0; cb < V6_BN / 64; cb++) {
-                            tma_load_2d_multicast(b_dst + cb * (BK * 128) + rank * (BK * 64), &b_map, full,
-                                                  tn * V6_BN + 64 * cb, kb * BK + rank * (BK / 2), 3);
+                            tma_load_2d_multicast(b_dst + cb * (KB * 128) + rank * (KB * 64), &b_map, full,
+                                                  tn * V6_BN + 64 * cb, kb * KB + rank * (KB / 2), 3);
                         }
                     } else {
-                        tma_load_2d_multicast(b_dst + rank * (V6_B_BYTES / 2), &b_map, full, kb * BK,
+                        tma_load_2d_multicast(b_dst + rank * (V6_B_BYTES / 2), &b_map, full, kb * KB,
                                               tn * V6_BN + rank * (V6_BN / 2), 3);
                     }
                 }
@@ -501,8 +517,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         setmaxnreg_inc<V6_CONSUMER_REGS>();
         const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
         const int g = lane / 4, c = 2 * (lane % 4);
-        const uint64_t a_desc = wgmma_desc_sw128(a_sm, 16, 1024);
-        const uint64_t b_desc = TRANS_B ? wgmma_desc_sw128(b_sm, BK * 128, 1024) : wgmma_desc_sw128(b_sm, 16, 1024);
+        const uint64_t a_desc = v6_kmajor_desc<KB>(a_sm);
+        const uint64_t b_desc = TRANS_B ? wgmma_desc_sw128(b_sm, KB * 128, 1024) : v6_kmajor_desc<KB>(b_sm);
         const uint32_t warp_staging = staging + (wg * 4 + warp) * 2048;
         auto release = [&](int stage) {
             if (lane < CLUSTER) mbarrier_arrive_cluster(empty0 + 8 * stage, lane);
@@ -525,12 +541,12 @@ __global__ void __launch_bounds__(THREADS, 1)
                 mbarrier_wait(full0 + 8 * s, (it / V6_STAGES) & 1);
                 wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < BK / 16; kk++) {
+                for (int kk = 0; kk < KB / 16; kk++) {
                     const uint64_t b = wgmma_desc_advance(b_desc, s * V6_B_BYTES + (TRANS_B ? 2048 : 32) * kk);
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         wgmma_bf16_ss_t<0, TRANS_B>(acc[h],
-                                                    wgmma_desc_advance(a_desc, s * V6_A_BYTES + h * 8192 + 32 * kk), b,
+                                                    wgmma_desc_advance(a_desc, s * V6_A_BYTES + h * 128 * KB + 32 * kk), b,
                                                     kb > 0 || kk > 0);
                     }
                 }
@@ -593,12 +609,12 @@ static void launch_pingpong(const CUtensorMap& a_map, const CUtensorMap& b_map, 
                     a_map, b_map, out_map, M, N, K);
 }
 
-template <int TRANS_B>
+template <int TRANS_B, int KB>
 static void launch_pingpong192(const CUtensorMap& a_map, const CUtensorMap& b_map, const CUtensorMap& out_map, int M,
                                int N, int K, int sms) {
     static int resident = 0;
-    launch_clusters(matmul_pingpong192_kernel<TRANS_B>, 2, V6_SMEM_BYTES, (M / BM / 2) * ((N + V6_BN - 1) / V6_BN),
-                    sms, resident, a_map, b_map, out_map, M, N, K);
+    launch_clusters(matmul_pingpong192_kernel<TRANS_B, KB>, 2, v6_smem_bytes(KB),
+                    (M / BM / 2) * ((N + V6_BN - 1) / V6_BN), sms, resident, a_map, b_map, out_map, M, N, K);
 }
 
 // out (M, N) = A (M, K) B^T (trans_b = false: B is (N, K)) or A B (trans_b = true: B is (K, N)). version 1: one CTA
@@ -626,19 +642,26 @@ static void launch_wgmma(const CUtensorMap& a_map, const CUtensorMap& b_map, con
 
 static void matmul_wgmma(int version, floatX* out, const floatX* a, const floatX* b, int M, int N, int K,
                          bool trans_b) {
-    if (version == 6) {
-        if (M % (2 * BM) != 0 || N % 8 != 0 || K % BK != 0) {
-            fprintf(stderr, "matmul_wgmma: M %d, N %d, K %d must be multiples of %d, 8, %d\n", M, N, K, 2 * BM, BK);
+    if (version == 6 || version == 8) {
+        const int kb = version == 6 ? 64 : 32;
+        if (M % (2 * BM) != 0 || N % 8 != 0 || K % kb != 0) {
+            fprintf(stderr, "matmul_wgmma: M %d, N %d, K %d must be multiples of %d, 8, %d\n", M, N, K, 2 * BM, kb);
             exit(EXIT_FAILURE);
         }
         static int sms6 = 0;
         if (sms6 == 0) cudaCheck(cudaDeviceGetAttribute(&sms6, cudaDevAttrMultiProcessorCount, 0));
-        const CUtensorMap a_map = tensor_map_2d(a, K, M, BK, BM, "matmul_wgmma");
-        const CUtensorMap b_map = trans_b ? tensor_map_2d(b, N, K, 64, BK / 2, "matmul_wgmma")
-                                          : tensor_map_2d(b, K, N, BK, V6_BN / 2, "matmul_wgmma");
+        const CUtensorMapSwizzle kmajor = kb == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+        const CUtensorMap a_map = tensor_map_2d(a, K, M, kb, BM, "matmul_wgmma", kmajor);
+        const CUtensorMap b_map = trans_b ? tensor_map_2d(b, N, K, 64, kb / 2, "matmul_wgmma")
+                                          : tensor_map_2d(b, K, N, kb, V6_BN / 2, "matmul_wgmma", kmajor);
         const CUtensorMap out_map = tensor_map_2d(out, N, M, 64, 16, "matmul_wgmma");
-        if (trans_b) launch_pingpong192<1>(a_map, b_map, out_map, M, N, K, sms6);
-        else launch_pingpong192<0>(a_map, b_map, out_map, M, N, K, sms6);
+        if (kb == 64) {
+            if (trans_b) launch_pingpong192<1, 64>(a_map, b_map, out_map, M, N, K, sms6);
+            else launch_pingpong192<0, 64>(a_map, b_map, out_map, M, N, K, sms6);
+        } else {
+            if (trans_b) launch_pingpong192<1, 32>(a_map, b_map, out_map, M, N, K, sms6);
+            else launch_pingpong192<0, 32>(a_map, b_map, out_map, M, N, K, sms6);
+        }
         return;
     }
     if (version == 5) {
@@ -819,7 +842,7 @@ int main(int argc, char** argv) {
     const int rounds = argc > 1 ? std::max(1, atoi(argv[1])) : 1;
     std::vector<int> versions = {0};  // cuBLASLt, then the versions to time (default: all)
     for (int i = 2; i < argc; i++) versions.push_back(atoi(argv[i]));
-    if (versions.size() == 1) versions = {0, 1, 2, 3, 4, 5, 6, 7};
+    if (versions.size() == 1) versions = {0, 1, 2, 3, 4, 5, 6, 8, 7};
     const bool fused_case = std::find(versions.begin(), versions.end(), 7) != versions.end();
     versions.erase(std::remove(versions.begin(), versions.end(), 7), versions.end());
     matmul_init(0);
@@ -829,7 +852,7 @@ int main(int argc, char** argv) {
         floatX* b = device_random<floatX>((size_t)s.N * s.K, 22, 1.0f);
         floatX* out;
         cudaCheck(cudaMalloc(&out, (size_t)s.M * s.N * sizeof(floatX)));
-        for (int version = 0; version <= 6; version++) {
+        for (int version : {0, 1, 2, 3, 4, 5, 6, 8}) {
             if (version > 0) matmul_wgmma(version, out, a, b, s.M, s.N, s.K, s.trans_b);
             else matmul_cublaslt(out, a, b, s.M, s.N, s.K, s.trans_b);
         }
@@ -838,7 +861,7 @@ int main(int argc, char** argv) {
     }
     const Shape small_tn = {"small", 256, 512, 192, false}, small_nn = {"small", 256, 512, 192, true};
     if (argc > 1 && strcmp(argv[1], "small") == 0) {  // the small shapes only, no timing (for compute-sanitizer)
-        for (int version = 1; version <= 6; version++) {
+        for (int version : {1, 2, 3, 4, 5, 6, 8}) {
             validate_shape(version, small_tn, 256);
             validate_shape(version, small_nn, 256);
         }
