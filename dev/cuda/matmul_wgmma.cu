@@ -296,29 +296,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
-// D (64 x 128 fp32) (+)= A (64 x 16) B (16 x 128), both from descriptors; TRANS_B = 1: B MN-major.
-template <int TRANS_B>
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
-}
-
 // Version 5, ping-pong: each consumer warpgroup owns whole 128 x 128 tiles (two m64n128k16 per k16 step, 128
 // accumulators a thread), the two taking the CTA's tiles in turn, so one warpgroup's epilogue runs while the other's
 // products keep the tensor cores busy. The producer fills one ring of 6 stages (32 KiB each) with the tiles' k-blocks
@@ -408,8 +385,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                     const uint64_t b = wgmma_desc_advance(b_desc, s * PP_B_BYTES + (TRANS_B ? 2048 : 32) * kk);
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        wgmma_m64n128k16<TRANS_B>(acc[h],
-                                                  wgmma_desc_advance(a_desc, s * PP_A_BYTES + h * 8192 + 32 * kk), b,
+                        wgmma_bf16_ss_t<0, TRANS_B>(acc[h],
+                                                    wgmma_desc_advance(a_desc, s * PP_A_BYTES + h * 8192 + 32 * kk), b,
                                                     kb > 0 || kk > 0);
                     }
                 }
@@ -545,9 +522,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                     const uint64_t b = wgmma_desc_advance(b_desc, s * V6_B_BYTES + (TRANS_B ? 2048 : 32) * kk);
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        wgmma_bf16_ss_t<0, TRANS_B>(acc[h],
-                                                    wgmma_desc_advance(a_desc, s * V6_A_BYTES + h * 128 * KB + 32 * kk), b,
-                                                    kb > 0 || kk > 0);
+                        const uint64_t a = wgmma_desc_advance(a_desc, s * V6_A_BYTES + h * 128 * KB + 32 * kk);
+                        wgmma_bf16_ss_t<0, TRANS_B>(acc[h], a, b, kb > 0 || kk > 0);
                     }
                 }
                 wgmma_commit_group();
