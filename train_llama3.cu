@@ -39,7 +39,6 @@
 #include "llmc/rmsnorm.cuh"
 #include "llmc/rope.cuh"
 #include "llmc/attention.cuh"
-#include "llmc/swiglu.cuh"
 #include "llmc/matmul.cuh"
 #include "llmc/matmul_swiglu.cuh"
 #include "llmc/fused_classifier.cuh"
@@ -481,8 +480,7 @@ struct Llama3 {
                                            p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
             prof.end();
             prof.begin("fwd w13 matmul + swiglu");
-            matmul_forward(h13, ln2, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, stream);
-            swiglu_forward(hact, h13, N, F, stream);
+            matmul_swiglu_forward(h13, hact, ln2, p.w13 + (size_t)l * 2 * F * C, N, F, C, stream);
             prof.end();
             // x_{l+1} = mid + mlp, added in the kernel that normalises it for the next layer (or the head)
             prof.begin("fwd w2 matmul + norm");

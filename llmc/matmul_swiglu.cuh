@@ -1,23 +1,27 @@
-// The w2 dinp product with the SwiGLU backward in its epilogue (Hopper: bf16 build, sm_90a code, compute capability
-// 9.0). Layouts row-major, N tokens, C channels, F hidden features:
-//   dhact (N, F) = dout (N, C) W2 (C, F)                       the w2 product's input gradient, never stored
-//   h13 (N, 2F) = [g | u]  ->  dh13 (N, 2F) = [dg | du],  hact (N, F) = silu(g) u     (swiglu.cuh's backward)
-// Each dhact tile is rounded to bf16 and turned into dg, du and hact on chip, so the results are the same bits as
-// matmul_backward (cuBLASLt) followed by swiglu_backward, without dhact's write and read-back (2 N F bf16 bytes).
+// The two matmuls beside SwiGLU with its passes fused into their epilogues (Hopper: bf16 build, sm_90a code, compute
+// capability 9.0). Layouts row-major, N tokens, C channels, F hidden features, h13 (N, 2F) = [g | u]:
+//   forward:  h13 = x (N, C) w13^T (w13 = [w1; w3], (2F, C)),  hact (N, F) = silu(g) u       (swiglu.cuh's forward)
+//   backward: dhact (N, F) = dout (N, C) w2 (C, F), never stored,
+//             dh13 (N, 2F) = [dg | du] and hact = silu(g) u (recomputed)                    (swiglu.cuh's backward)
+// Each tile is rounded to bf16 first and the SwiGLU pass computed on chip from those values, so the results are the
+// same bits as cuBLASLt's product followed by swiglu_forward / swiglu_backward. The forward saves reading h13 back
+// (2 N F bf16), the backward dhact's write and read-back (2 N F).
 //
-// The kernel (dev/cuda/matmul_wgmma.cu, versions 6 and 7): persistent, one CTA of 3 warpgroups per SM, clusters of
-// two CTAs along N (tokens).
-//   * Warpgroup 0 produces: one thread loads each 64-deep k-block of A = dout (128 rows) and B = W2 (192 columns)
+// The kernel (dev/cuda/matmul_wgmma.cu, versions 6, 7 and 9): persistent, one CTA of 3 warpgroups per SM, clusters
+// of two CTAs along N (tokens).
+//   * Warpgroup 0 produces: one thread loads each 64-deep k-block of A (128 rows of x or dout) and B (192 columns)
 //     by TMA (128-byte swizzle) into a ring of 4 stages (full / empty mbarriers). The two CTAs of a cluster take
 //     tiles one above the other, which share B: each loads half of B's k-block and multicasts it to both, so a stage
-//     is refilled only when the consumers of both CTAs are done with it.
+//     is refilled only when the consumers of both CTAs are done with it. In the forward B's two halves are 96 rows
+//     of w1 and the same 96 features' rows of w3, so each thread holds a feature's gate and up in one tile; in the
+//     backward B is 192 columns of w2.
 //   * Warpgroups 1 and 2 compute, ping-pong: each owns whole 128 x 192 tiles (two m64n192k16 wgmmas per k16 step,
 //     192 fp32 accumulators a thread), taking the CTA's tiles in turn, so one warpgroup's epilogue runs while the
 //     other's products keep the tensor cores busy (named barriers 1 and 2 pass the mainloop's turn).
 //   * The epilogue: each warp writes its 32 rows of the tile as bf16 into its shared buffer (rows padded to 400
-//     bytes: conflict-free), then reads them back 16 bytes a lane beside 16-byte loads of g and u, several in flight
-//     (fragment-order 4-byte loads leave HBM idle), and stores dg, du and hact. The two warpgroups take turns on the
-//     buffers (named barriers 3 and 4).
+//     bytes: conflict-free), then reads them back 16 bytes a lane and stores them with the SwiGLU pass's outputs:
+//     forward g, u and hact; backward, beside 16-byte loads of g and u several in flight (fragment-order 4-byte loads
+//     leave HBM idle), dg, du and hact. The two warpgroups take turns on the buffers (named barriers 3 and 4).
 // Measured on an H100 at the power cap (dev/cuda/matmul_wgmma.cu, the 1B's shape N = 16384, F = 8192, C = 2048):
 // see that file's header.
 #pragma once
@@ -34,18 +38,42 @@
 #if !defined(ENABLE_FP32)
 
 constexpr int MMSW_BM = 128, MMSW_BN = 192, MMSW_BK = 64, MMSW_STAGES = 4, MMSW_THREADS = 384;
-constexpr int MMSW_GROUP_UNITS = 4;  // units (tile pairs) per group of rows in the persistent order (L2 reuse)
+constexpr int MMSW_GROUP_UNITS = 8;  // units (tile pairs) per group of rows in the persistent order (L2 reuse)
 constexpr int MMSW_A_BYTES = MMSW_BM * MMSW_BK * 2, MMSW_B_BYTES = MMSW_BN * MMSW_BK * 2;
 constexpr int MMSW_STAGE_BYTES = MMSW_A_BYTES + MMSW_B_BYTES;
 constexpr int MMSW_PRODUCER_REGS = 24, MMSW_CONSUMER_REGS = 240;  // 128 x 24 + 256 x 240 = 384 x 168
 constexpr int MMSW_ROW_BYTES = MMSW_BN * 2 + 16, MMSW_WARP_BYTES = 32 * MMSW_ROW_BYTES;
 constexpr int MMSW_SMEM_BYTES = MMSW_STAGES * MMSW_STAGE_BYTES + 4 * MMSW_WARP_BYTES + 1024 + 16 * MMSW_STAGES;
 
+// What each direction's epilogue reads and writes; the kernel is templated on it.
+struct SwigluForwardEpilogue {
+    floatX* h13;   // (N, 2F) = [g | u], written
+    floatX* hact;  // (N, F), written
+    static constexpr bool forward = true;
+    static constexpr int features = MMSW_BN / 2;  // per tile: a tile's columns are 96 gates and their 96 ups
+};
 struct SwigluBackwardEpilogue {
     const floatX* h13;  // (N, 2F) = [g | u]
     floatX* dh13;       // (N, 2F) = [dg | du], written
     floatX* hact;       // (N, F), written unless nullptr
+    static constexpr bool forward = false;
+    static constexpr int features = MMSW_BN;
 };
+
+// Eight features of one row: g and u in (bf16), hact out, as swiglu_forward_kernel computes it.
+__device__ __forceinline__ uint4 swiglu_forward8(uint4 gv, uint4 uv) {
+    const uint32_t* gp = &gv.x;
+    const uint32_t* up = &uv.x;
+    uint4 act;
+    uint32_t* ap = &act.x;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float g0 = __uint_as_float(gp[k] << 16), g1 = __uint_as_float(gp[k] & 0xffff0000u);
+        const float u0 = __uint_as_float(up[k] << 16), u1 = __uint_as_float(up[k] & 0xffff0000u);
+        ap[k] = pack_bf16x2(g0 * swiglu_sigmoid(g0) * u0, g1 * swiglu_sigmoid(g1) * u1);
+    }
+    return act;
+}
 
 // Eight columns of one row: dhact (bf16, from the tile), g and u in; dg, du and hact out, as swiglu_backward_kernel
 // computes them.
@@ -68,11 +96,9 @@ __device__ __forceinline__ void swiglu_backward8(uint4 dv, uint4 gv, uint4 uv, u
     }
 }
 
-// One warp's epilogue: rows 16 warp + g (+ 8) of each 64-row half of the tile at (tile_row, tile_col), columns
-// 8 j + c, +1 of the fragments. Columns at or past F (the last tile column) are skipped.
-__device__ __forceinline__ void swiglu_backward_epilogue(const float (&acc)[2][96], uint32_t buf,
-                                                         const SwigluBackwardEpilogue& epi, int tile_row,
-                                                         int tile_col, int F, int warp, int lane) {
+// One warp's rows of the tile into its shared buffer as bf16: rows 16 warp + g (+ 8) of each 64-row half of the
+// tile become buffer rows 16 h + g (+ 8), columns 8 j + c, +1 of the fragments.
+__device__ __forceinline__ void stage_tile_rows(const float (&acc)[2][96], uint32_t buf, int lane) {
     const int g = lane / 4, c = 2 * (lane % 4);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -84,6 +110,40 @@ __device__ __forceinline__ void swiglu_backward_epilogue(const float (&acc)[2][9
         }
     }
     __syncwarp();
+}
+
+// The tile row of the warp's buffer row r.
+__device__ __forceinline__ int tile_row_of(int r, int warp) { return 64 * (r / 16) + 16 * warp + r % 16; }
+
+// The forward's epilogue, one warp: its 32 rows of the tile of 96 features from `feature0` on (gates in the tile's
+// columns 0-95, ups in 96-191); features at or past F (the last tile column) are skipped.
+__device__ __forceinline__ void swiglu_epilogue(const float (&acc)[2][96], uint32_t buf,
+                                                const SwigluForwardEpilogue& epi, int tile_row, int feature0, int F,
+                                                int warp, int lane) {
+    stage_tile_rows(acc, buf, lane);
+    constexpr int VECS = MMSW_BN / 16;  // vectors of 8 features in a row's gates (and in its ups)
+#pragma unroll 4
+    for (int i = 0; i < VECS; i++) {  // 32 rows x 12 vectors, 12 per lane
+        const int v = lane + 32 * i, r = v / VECS, q = v % VECS, col = feature0 + 8 * q;
+        const int row = tile_row + tile_row_of(r, warp);
+        if (col < F) {
+            const uint4 gv = ld_shared_v4(buf + r * MMSW_ROW_BYTES + 16 * q);
+            const uint4 uv = ld_shared_v4(buf + r * MMSW_ROW_BYTES + MMSW_BN + 16 * q);
+            floatX* gate = epi.h13 + (size_t)row * 2 * F + col;
+            *reinterpret_cast<uint4*>(gate) = gv;
+            *reinterpret_cast<uint4*>(gate + F) = uv;
+            *reinterpret_cast<uint4*>(epi.hact + (size_t)row * F + col) = swiglu_forward8(gv, uv);
+        }
+    }
+    __syncwarp();
+}
+
+// The backward's epilogue, one warp: its 32 rows of the dhact tile at columns (features) feature0 onwards; columns
+// at or past F (the last tile column) are skipped.
+__device__ __forceinline__ void swiglu_epilogue(const float (&acc)[2][96], uint32_t buf,
+                                                const SwigluBackwardEpilogue& epi, int tile_row, int feature0, int F,
+                                                int warp, int lane) {
+    stage_tile_rows(acc, buf, lane);
     // 32 rows x 24 vectors of 8 columns, 24 per lane, 4 at a time (6 or more spill: the loads' registers)
     constexpr int VECS = MMSW_BN / 8, BATCH = 4;
 #pragma unroll 1
@@ -91,8 +151,8 @@ __device__ __forceinline__ void swiglu_backward_epilogue(const float (&acc)[2][9
         uint4 gv[BATCH], uv[BATCH];
 #pragma unroll
         for (int i = 0; i < BATCH; i++) {
-            const int v = lane + 32 * (BATCH * batch + i), r = v / VECS, col = tile_col + 8 * (v % VECS);
-            const int row = tile_row + 64 * (r / 16) + 16 * warp + r % 16;
+            const int v = lane + 32 * (BATCH * batch + i), col = feature0 + 8 * (v % VECS);
+            const int row = tile_row + tile_row_of(v / VECS, warp);
             if (col < F) {
                 const floatX* gate = epi.h13 + (size_t)row * 2 * F + col;
                 gv[i] = __ldg(reinterpret_cast<const uint4*>(gate));
@@ -101,8 +161,8 @@ __device__ __forceinline__ void swiglu_backward_epilogue(const float (&acc)[2][9
         }
 #pragma unroll
         for (int i = 0; i < BATCH; i++) {
-            const int v = lane + 32 * (BATCH * batch + i), r = v / VECS, col = tile_col + 8 * (v % VECS);
-            const int row = tile_row + 64 * (r / 16) + 16 * warp + r % 16;
+            const int v = lane + 32 * (BATCH * batch + i), r = v / VECS, col = feature0 + 8 * (v % VECS);
+            const int row = tile_row + tile_row_of(r, warp);
             if (col < F) {
                 uint4 dg, du, act;
                 swiglu_backward8(ld_shared_v4(buf + r * MMSW_ROW_BYTES + (v % VECS) * 16), gv[i], uv[i], dg, du, act);
@@ -126,20 +186,23 @@ __device__ __forceinline__ void matmul_swiglu_unit(int unit, int units_m, int un
     un = in_group / rows;
 }
 
-// out = A (M, K) B (K, N), A and B row-major (B's N index contiguous: wgmma's "transpose B"), its (M, N) tiles
-// handed to the epilogue. M a multiple of 256, K of 64; N any multiple of 8 (TMA fills B past N with zeros).
+// The product A (M, K) B, its (M, 192) tiles handed to the epilogue; M a multiple of 256, K of 64, F of 8.
+//   forward:  B = [w1; w3]^T: b_map is w1 (F, K), b3_map w3 (F, K), K contiguous (TMA fills rows past F with zeros)
+//   backward: B = w2 (K, F), F contiguous (wgmma's "transpose B"; b3_map unused; TMA fills columns past F with zeros)
+template <typename Epilogue>
 __global__ void __launch_bounds__(MMSW_THREADS, 1)
-    matmul_swiglu_backward_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
-                                  int M, int N, int K, const SwigluBackwardEpilogue epi) {
+    matmul_swiglu_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
+                         const __grid_constant__ CUtensorMap b3_map, int M, int F, int K, const Epilogue epi) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int CLUSTER = 2;
+    constexpr int CLUSTER = 2, TRANS_B = Epilogue::forward ? 0 : 1;
     extern __shared__ uint8_t smem_raw[];
     const uint32_t smem = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const uint32_t a_sm = smem, b_sm = smem + MMSW_STAGES * MMSW_A_BYTES;
     const uint32_t epilogue_sm = b_sm + MMSW_STAGES * MMSW_B_BYTES, full0 = epilogue_sm + 4 * MMSW_WARP_BYTES;
     const uint32_t empty0 = full0 + 8 * MMSW_STAGES;
     const int rank = (int)cluster_cta_rank();
-    const int units_m = M / MMSW_BM / CLUSTER, units_n = (N + MMSW_BN - 1) / MMSW_BN, n_units = units_m * units_n;
+    const int units_m = M / MMSW_BM / CLUSTER, units_n = (F + Epilogue::features - 1) / Epilogue::features;
+    const int n_units = units_m * units_n;
     const int k_blocks = K / MMSW_BK, first_unit = blockIdx.x / CLUSTER, unit_stride = gridDim.x / CLUSTER;
     if (threadIdx.x == 0) {
         for (int s = 0; s < MMSW_STAGES; s++) {
@@ -164,10 +227,16 @@ __global__ void __launch_bounds__(MMSW_THREADS, 1)
                     if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);
                     mbarrier_arrive_expect_tx(full, MMSW_STAGE_BYTES);
                     tma_load_2d(a_sm + s * MMSW_A_BYTES, &a_map, full, kb * MMSW_BK, tm * MMSW_BM);
-                    // B's k-block: three 64-column blocks of 64 k-rows; this CTA loads 32 of the k-rows of each
-                    for (int cb = 0; cb < MMSW_BN / 64; cb++) {
-                        tma_load_2d_multicast(b_dst + cb * (MMSW_BK * 128) + rank * (MMSW_BK * 64), &b_map, full,
-                                              tn * MMSW_BN + 64 * cb, kb * MMSW_BK + rank * (MMSW_BK / 2), 3);
+                    if constexpr (Epilogue::forward) {
+                        // this CTA loads the k-block of one half (rank 0: w1's 96 rows, 1: w3's)
+                        tma_load_2d_multicast(b_dst + rank * (MMSW_B_BYTES / 2), rank == 0 ? &b_map : &b3_map, full,
+                                              kb * MMSW_BK, tn * Epilogue::features, 3);
+                    } else {
+                        // three 64-column blocks of 64 k-rows; this CTA loads 32 of the k-rows of each
+                        for (int cb = 0; cb < MMSW_BN / 64; cb++) {
+                            tma_load_2d_multicast(b_dst + cb * (MMSW_BK * 128) + rank * (MMSW_BK * 64), &b_map, full,
+                                                  tn * MMSW_BN + 64 * cb, kb * MMSW_BK + rank * (MMSW_BK / 2), 3);
+                        }
                     }
                 }
             }
@@ -177,7 +246,8 @@ __global__ void __launch_bounds__(MMSW_THREADS, 1)
         setmaxnreg_inc<MMSW_CONSUMER_REGS>();
         const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
         const uint64_t a_desc = wgmma_desc_sw128(a_sm, 16, 1024);
-        const uint64_t b_desc = wgmma_desc_sw128(b_sm, MMSW_BK * 128, 1024);
+        // B: K-major like A (forward), or 64-column blocks of 64 k-rows (backward)
+        const uint64_t b_desc = wgmma_desc_sw128(b_sm, TRANS_B ? MMSW_BK * 128 : 16, 1024);
         auto release = [&](int stage) {  // this warp is done reading the stage, in both CTAs
             if (lane < CLUSTER) mbarrier_arrive_cluster(empty0 + 8 * stage, lane);
         };
@@ -208,11 +278,12 @@ __global__ void __launch_bounds__(MMSW_THREADS, 1)
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < MMSW_BK / 16; kk++) {
-                    const uint64_t b = wgmma_desc_advance(b_desc, s * MMSW_B_BYTES + 2048 * kk);
+                    const uint64_t b = wgmma_desc_advance(b_desc, s * MMSW_B_BYTES + (TRANS_B ? 2048 : 32) * kk);
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        wgmma_bf16_ss_t<0, 1>(acc[h], wgmma_desc_advance(a_desc, s * MMSW_A_BYTES + h * 8192 + 32 * kk),
-                                              b, kb > 0 || kk > 0);
+                        wgmma_bf16_ss_t<0, TRANS_B>(
+                            acc[h], wgmma_desc_advance(a_desc, s * MMSW_A_BYTES + h * 8192 + 32 * kk), b,
+                            kb > 0 || kk > 0);
                     }
                 }
                 wgmma_commit_group();
@@ -227,8 +298,8 @@ __global__ void __launch_bounds__(MMSW_THREADS, 1)
             pin_registers(acc[1]);
             release((it - 1) % MMSW_STAGES);
             named_barrier_sync<256>(3 + wg);
-            swiglu_backward_epilogue(acc, epilogue_sm + warp * MMSW_WARP_BYTES, epi, tm * MMSW_BM, tn * MMSW_BN, N,
-                                     warp, lane);
+            swiglu_epilogue(acc, epilogue_sm + warp * MMSW_WARP_BYTES, epi, tm * MMSW_BM, tn * Epilogue::features,
+                            F, warp, lane);
             if (unit + unit_stride < n_units) named_barrier_arrive<256>(4 - wg);  // the next tile's epilogue
         }
     }
@@ -238,65 +309,87 @@ __global__ void __launch_bounds__(MMSW_THREADS, 1)
 #endif
 }
 
-// True when the fused kernel runs on this device (sm90a_kernel_runs; its register split checked too) and takes these
-// shapes and pointers.
-inline bool matmul_swiglu_usable(const floatX* dh13, const floatX* hact, const floatX* dout, const floatX* w2,
-                                 const floatX* h13, int N, int F, int C) {
+// True when the fused kernel of this direction runs on this device (sm90a_kernel_runs; its register split checked
+// too) and takes these shapes and pointers (`any`: their addresses or'd together).
+template <typename Epilogue>
+inline bool matmul_swiglu_usable(uintptr_t any, int N, int F, int C) {
     static PerDeviceFlag cache;
     static bool registers_ok = false, registers_checked = false;
-    if (!sm90a_kernel_runs(matmul_swiglu_backward_kernel, cache)) return false;
+    if (!sm90a_kernel_runs(matmul_swiglu_kernel<Epilogue>, cache)) return false;
     if (!registers_checked) {  // setmaxnreg.inc would wait forever for registers the launch did not give the CTA
         cudaFuncAttributes attr;
-        cudaCheck(cudaFuncGetAttributes(&attr, matmul_swiglu_backward_kernel));
+        cudaCheck(cudaFuncGetAttributes(&attr, matmul_swiglu_kernel<Epilogue>));
         registers_ok = attr.numRegs * MMSW_THREADS >= 128 * MMSW_PRODUCER_REGS + 256 * MMSW_CONSUMER_REGS;
         registers_checked = true;
     }
-    const uintptr_t any = (uintptr_t)dh13 | (uintptr_t)hact | (uintptr_t)dout | (uintptr_t)w2 | (uintptr_t)h13;
     return registers_ok && N % (2 * MMSW_BM) == 0 && F % 8 == 0 && C % MMSW_BK == 0 && (any & 15) == 0;
+}
+
+// Launches the kernel persistently: as many clusters as fit at once, at most one per unit.
+template <typename Epilogue>
+inline void matmul_swiglu_launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const CUtensorMap& b3_map, int N,
+                                 int F, int C, const Epilogue& epi, cudaStream_t stream) {
+    static int clusters = 0;
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 2;
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.blockDim = dim3(MMSW_THREADS);
+    config.dynamicSmemBytes = MMSW_SMEM_BYTES;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    if (clusters == 0) {
+        cudaCheck(cudaFuncSetAttribute(matmul_swiglu_kernel<Epilogue>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       MMSW_SMEM_BYTES));
+        int sms = 0, device = 0;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        config.gridDim = dim3(sms / 2 * 2);
+        // a GPC with an odd number of SMs leaves one out: ask how many clusters fit at once
+        cudaCheck(cudaOccupancyMaxActiveClusters(&clusters, matmul_swiglu_kernel<Epilogue>, &config));
+    }
+    const int units = (N / MMSW_BM / 2) * ((F + Epilogue::features - 1) / Epilogue::features);
+    config.gridDim = dim3(2 * std::min(clusters, units));
+    config.stream = stream;
+    cudaCheck(cudaLaunchKernelEx(&config, matmul_swiglu_kernel<Epilogue>, a_map, b_map, b3_map, N, F, C, epi));
+}
+
+// h13 (N, 2F) = inp (N, C) w13^T and hact (N, F) from inp and w13 (2F, C) = [w1; w3].
+inline void matmul_swiglu_forward_fused(floatX* h13, floatX* hact, const floatX* inp, const floatX* w13, int N, int F,
+                                        int C, cudaStream_t stream) {
+    const CUtensorMap a_map = tensor_map_2d(inp, C, N, MMSW_BK, MMSW_BM, "matmul_swiglu inp (C, N)");
+    const CUtensorMap w1_map = tensor_map_2d(w13, C, F, MMSW_BK, MMSW_BN / 2, "matmul_swiglu w1 (C, F)");
+    const CUtensorMap w3_map =
+        tensor_map_2d(w13 + (size_t)F * C, C, F, MMSW_BK, MMSW_BN / 2, "matmul_swiglu w3 (C, F)");
+    matmul_swiglu_launch(a_map, w1_map, w3_map, N, F, C, SwigluForwardEpilogue{h13, hact}, stream);
 }
 
 // dh13 (N, 2F) = [dg | du] and hact (N, F) (unless nullptr) from dout (N, C), w2 (C, F) and h13 (N, 2F).
 inline void matmul_swiglu_backward_fused(floatX* dh13, floatX* hact, const floatX* dout, const floatX* w2,
                                          const floatX* h13, int N, int F, int C, cudaStream_t stream) {
-    static int clusters = 0;
-    if (clusters == 0) {
-        cudaCheck(cudaFuncSetAttribute(matmul_swiglu_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       MMSW_SMEM_BYTES));
-        int sms = 0, device = 0;
-        cudaCheck(cudaGetDevice(&device));
-        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-        cudaLaunchConfig_t probe = {};
-        cudaLaunchAttribute attr = {};
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = 2;
-        attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-        probe.gridDim = dim3(sms / 2 * 2);
-        probe.blockDim = dim3(MMSW_THREADS);
-        probe.dynamicSmemBytes = MMSW_SMEM_BYTES;
-        probe.attrs = &attr;
-        probe.numAttrs = 1;
-        // a GPC with an odd number of SMs leaves one out: ask how many clusters fit at once
-        cudaCheck(cudaOccupancyMaxActiveClusters(&clusters, matmul_swiglu_backward_kernel, &probe));
-    }
     const CUtensorMap a_map = tensor_map_2d(dout, C, N, MMSW_BK, MMSW_BM, "matmul_swiglu dout (C, N)");
     const CUtensorMap b_map = tensor_map_2d(w2, F, C, 64, MMSW_BK / 2, "matmul_swiglu w2 (F, C)");
-    const int units = (N / MMSW_BM / 2) * ((F + MMSW_BN - 1) / MMSW_BN);
-    cudaLaunchConfig_t config = {};
-    cudaLaunchAttribute attr = {};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 2;
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    config.gridDim = dim3(2 * std::min(clusters, units));
-    config.blockDim = dim3(MMSW_THREADS);
-    config.dynamicSmemBytes = MMSW_SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = &attr;
-    config.numAttrs = 1;
-    const SwigluBackwardEpilogue epi = {h13, dh13, hact};
-    cudaCheck(cudaLaunchKernelEx(&config, matmul_swiglu_backward_kernel, a_map, b_map, N, F, C, epi));
+    matmul_swiglu_launch(a_map, b_map, b_map, N, F, C, SwigluBackwardEpilogue{h13, dh13, hact}, stream);
 }
 
 #endif  // !ENABLE_FP32
+
+// The w13 product and the SwiGLU forward: h13 (N, 2F) = inp (N, C) w13^T, w13 (2F, C) = [w1; w3], and hact (N, F) =
+// silu(g) u. Fused on Hopper when the shapes allow; otherwise cuBLASLt's product and swiglu_forward. The same bits
+// either way.
+inline void matmul_swiglu_forward(floatX* h13, floatX* hact, const floatX* inp, const floatX* w13, int N, int F, int C,
+                                  cudaStream_t stream) {
+#if !defined(ENABLE_FP32)
+    const uintptr_t any = (uintptr_t)h13 | (uintptr_t)hact | (uintptr_t)inp | (uintptr_t)w13;
+    if (matmul_swiglu_usable<SwigluForwardEpilogue>(any, N, F, C)) {
+        matmul_swiglu_forward_fused(h13, hact, inp, w13, N, F, C, stream);
+        return;
+    }
+#endif
+    matmul_forward(h13, inp, w13, N, C, 2 * F, stream);
+    swiglu_forward(hact, h13, N, F, stream);
+}
 
 // The w2 input gradient and the SwiGLU backward: dh13 = [dg | du] (N, 2F) and, unless nullptr, hact (N, F) (the
 // recomputed activation), from dout (N, C) = the gradient of w2's output, w2 (C, F) and h13 (N, 2F). Fused on
@@ -305,7 +398,8 @@ inline void matmul_swiglu_backward_fused(floatX* dh13, floatX* hact, const float
 inline void matmul_swiglu_backward(floatX* dh13, floatX* hact, floatX* dhact, const floatX* dout, const floatX* w2,
                                    const floatX* h13, int N, int F, int C, cudaStream_t stream) {
 #if !defined(ENABLE_FP32)
-    if (matmul_swiglu_usable(dh13, hact, dout, w2, h13, N, F, C)) {
+    const uintptr_t any = (uintptr_t)dh13 | (uintptr_t)hact | (uintptr_t)dout | (uintptr_t)w2 | (uintptr_t)h13;
+    if (matmul_swiglu_usable<SwigluBackwardEpilogue>(any, N, F, C)) {
         matmul_swiglu_backward_fused(dh13, hact, dout, w2, h13, N, F, C, stream);
         return;
     }

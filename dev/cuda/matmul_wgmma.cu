@@ -78,8 +78,38 @@
 // 1.107-1.130 ms; version 6's product alone is about 0.85 ms. The fused kernel saves 0.13-0.24 ms per layer
 // against the pair, about 16% of the pair.
 //
+// Version 9 (session 19): the SwiGLU forward fused into the w13 product's epilogue (llmc/matmul_swiglu.cuh, the
+// kernel of version 7 with B's two halves loaded from w1's and w3's rows of the same 96 features, so each thread
+// holds a feature's gate and up; each warp's rows go through its shared buffer and out as g, u and hact). Checked
+// bit for bit against the trainer's pair (cuBLASLt's product, then swiglu_forward) and timed against it. ms per call
+// at the 1B's shape (16384 tokens, F = 8192, C = 2048), sustained, fast-math build, H100, in rounds alternating with
+// the pair; the group is the persistent order's rows of tile pairs (MMSW_GROUP_UNITS; also version 7's):
+//
+//   | group | version 9            | the pair      | version 7   | its pair    | ncu w13: DRAM read, time |
+//   | 4     | 1.698-1.732          | 1.716-1.767   | 1.074-1.076 | 1.250-1.297 | 1.28 GB, 1.55 ms         |
+//   | 8     | 1.670-1.686          | 1.730-1.745   | 1.067-1.068 | 1.244-1.300 |                          |
+//   | 8     | 1.700-1.726 (again)  | 1.735-1.776   | 1.067-1.084 | 1.250-1.322 |                          |
+//   | 16    | 1.719-1.725          | 1.706-1.749   | 1.096-1.102 | 1.239-1.300 | 1.21 GB, 1.58 ms         |
+//   | 1, 2, 32 | 1.79-2.04         | 1.71-1.77     | 1.14-1.23   | 1.24-1.32   | (1: 4.32 GB, 1.94 ms)    |
+//   | -16 (16 unit columns, row-major) | 1.696-1.725 | 1.742-1.748 | 1.078-1.082 | 1.247-1.303 | 0.92 GB, 1.55 ms |
+//
+// 8 is kept: the A rows of a group (2048 tokens, 8 MiB) stay in L2 while its columns pass. Tried and not kept (same
+// session, same measures):
+//   * wgmmas issued per accumulator half (the four k16 steps of rows 0-63, then of 64-127, as cuBLASLt's kernel
+//     does) instead of alternating the halves per k16 step: bit-identical, v9 1.702-1.722 against 1.700-1.726.
+//   * clusters of four CTAs (2 x 2: A multicast along N as well as B along M): L2 read sectors 309 M -> 237 M per w13
+//     product and the L2 request coalescer's ratio 1.52 -> 2.00 (ncu), but only 30 clusters of 4 fit (120 of 132
+//     SMs): v9 1.80-1.93 ms, v7 1.18-1.28 ms.
+// What ncu says of cuBLASLt's fastest w13 kernel (nvjet 176x128, ping-pong, 1x2 clusters, 1.456 ms at 1.41 GHz
+// against version 6's 1.609 ms): 99% tensor-pipe issue against 88.6%; 114.6 M instructions against 216.5 M; its
+// consumers find the next stage loaded (735 slow-path waits in 1.5 M k-blocks, against 2.0 M retries in 1.4 M for
+// version 6) and stall mostly on the wgmma wait; its tiles are handed out by a dynamic scheduler (an atomic
+// counter, one fetch per tile pair) rather than a fixed stride; and 218 M L2 read sectors where its tile and
+// multicast account for 325 M: the L2 request coalescer merges 2.14 sectors delivered per sector read, ours 1.51.
+//
 // Build: make -C dev/cuda bin/matmul_wgmma (bf16 only; the fp32 build prints that and exits 0)
-// Run:   ./matmul_wgmma [rounds [versions...]]   (default 1 round of cuBLASLt and every version)
+// Run:   ./matmul_wgmma [rounds [versions...]]   (default 1 round of cuBLASLt and every version; 7 and 9: the fused
+//                                                 cases, against the trainer's pairs)
 //        ./matmul_wgmma ncu                       one call of cuBLASLt and of each version on w13, for a profiler
 //        ./matmul_wgmma small                     the small shapes' checks only (for compute-sanitizer)
 #include "common.h"
@@ -817,14 +847,65 @@ static void swiglu_backward_case(const char* name, int M, int F, int C, int roun
     for (floatX* p : {dout, w2, h13, dhact, dh13_ref, hact_ref, dh13, hact}) cudaCheck(cudaFree(p));
 }
 
+// Version 9 against the trainer's pair, cuBLASLt's w13 product into h13 then swiglu_forward: h13 and hact bit for
+// bit, then timed like version 7 (rounds alternating: the pair, version 6's product + swiglu_forward, version 9).
+// h13 (M, 2F) = inp (M, C) w13 (2F, C)^T.
+static void swiglu_forward_case(const char* name, int M, int F, int C, int rounds) {
+    printf("version 9, %s: M=%d F=%d C=%d\n", name, M, F, C);
+    const size_t n_act = (size_t)M * F, n_h13 = 2 * n_act;
+    floatX* inp = device_random<floatX>((size_t)M * C, 41, 1.0f);
+    floatX* w13 = device_random<floatX>(2 * (size_t)F * C, 42, 0.1f);
+    floatX *h13_ref, *hact_ref, *h13, *hact;
+    cudaCheck(cudaMalloc(&h13_ref, n_h13 * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&h13, n_h13 * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&hact_ref, n_act * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&hact, n_act * sizeof(floatX)));
+    for (floatX* p : {h13_ref, h13}) poison(p, n_h13 * sizeof(floatX));
+    for (floatX* p : {hact_ref, hact}) poison(p, n_act * sizeof(floatX));
+    auto pair = [&](int version) {
+        if (version == 0) matmul_cublaslt(h13_ref, inp, w13, M, 2 * F, C, false);
+        else matmul_wgmma(version, h13_ref, inp, w13, M, 2 * F, C, false);
+        swiglu_forward(hact_ref, h13_ref, M, F, 0);
+    };
+    auto fused = [&] { matmul_swiglu_forward_fused(h13, hact, inp, w13, M, F, C, 0); };
+    pair(0);
+    fused();
+    cudaCheck(cudaDeviceSynchronize());
+    validate_bitwise("h13 against cuBLASLt + swiglu_forward", h13, h13_ref, n_h13);
+    validate_bitwise("hact against cuBLASLt + swiglu_forward", hact, hact_ref, n_act);
+    if (rounds > 0) {
+        const double flops = 2.0 * M * (2.0 * F) * C;
+        printf("  ms per call alone / sustained (and the product's TFLOP/s sustained):\n");
+        for (int round = 0; round < rounds; round++) {
+            for (int variant = 0; variant < 3; variant++) {
+                auto run = [&] {
+                    if (variant == 2) fused();
+                    else pair(variant == 0 ? 0 : 6);
+                };
+                const float alone = benchmark_ms(20, run);
+                for (int i = 0; i < 100; i++) run();
+                const float sustained = benchmark_ms(1, [&] { for (int i = 0; i < 200; i++) run(); }) / 200.0f;
+                const char* names[3] = {"cuBLASLt + swiglu_forward", "version 6 + swiglu_forward", "version 9"};
+                printf("  round %d %-28s %.4f / %.4f ms (%.1f)\n", round, names[variant], alone, sustained,
+                       flops / (sustained * 1e-3) / 1e12);
+            }
+        }
+    }
+    for (floatX* p : {inp, w13, h13_ref, hact_ref, h13, hact}) cudaCheck(cudaFree(p));
+}
+
 int main(int argc, char** argv) {
     require_gpu(argv[0]);
     const int rounds = argc > 1 ? std::max(1, atoi(argv[1])) : 1;
     std::vector<int> versions = {0};  // cuBLASLt, then the versions to time (default: all)
     for (int i = 2; i < argc; i++) versions.push_back(atoi(argv[i]));
-    if (versions.size() == 1) versions = {0, 1, 2, 3, 4, 5, 6, 8, 7};
-    const bool fused_case = std::find(versions.begin(), versions.end(), 7) != versions.end();
-    versions.erase(std::remove(versions.begin(), versions.end(), 7), versions.end());
+    if (versions.size() == 1) versions = {0, 1, 2, 3, 4, 5, 6, 8, 7, 9};
+    auto take = [&](int version) {  // the fused cases, not products of their own
+        const bool asked = std::find(versions.begin(), versions.end(), version) != versions.end();
+        versions.erase(std::remove(versions.begin(), versions.end(), version), versions.end());
+        return asked;
+    };
+    const bool backward_case = take(7), forward_case = take(9);
     matmul_init(0);
     if (argc > 1 && strcmp(argv[1], "ncu") == 0) {  // one call of each on the w13 shape, for the profiler
         const Shape s = {"w13 fwd", 16384, 16384, 2048, false};
@@ -846,6 +927,7 @@ int main(int argc, char** argv) {
             validate_shape(version, small_nn, 256);
         }
         swiglu_backward_case("small", 256, 512, 192, 0);
+        swiglu_forward_case("small", 256, 512, 192, 0);
         matmul_destroy();
         return finish(argv[0]);
     }
@@ -859,9 +941,13 @@ int main(int argc, char** argv) {
         validate_shape(version, small_nn, 256);
         for (const Shape& s : shapes) validate_shape(version, s, 4);
     }
-    if (fused_case) {
+    if (backward_case) {
         swiglu_backward_case("small", 256, 512, 192, 0);
         swiglu_backward_case("the 1B's w2 dinp", 16384, 8192, 2048, rounds);
+    }
+    if (forward_case) {
+        swiglu_forward_case("small", 256, 512, 192, 0);
+        swiglu_forward_case("the 1B's w13", 16384, 8192, 2048, rounds);
     }
     if (versions.size() > 1) {
         for (const Shape& s : shapes) time_shape(s, rounds, versions);

@@ -190,8 +190,8 @@ def test_bad_flags_rejected(build, small_run_inputs, tmp_path, case):
 @pytest.mark.parametrize("model", ["test-gqa", "d2", "d2-fused"])
 def test_compute_sanitizer_memcheck(build, small_run_inputs, tmp_path, model):
     """test-gqa (head dim 8) runs the scalar attention kernels, d2 (head dim 64, T = 100: a ragged last tile) the
-    tensor-core ones; d2-fused (256 tokens a micro-batch, F = 512: a ragged last tile column) also the w2 product
-    with the SwiGLU backward fused on Hopper (matmul_swiglu.cuh)."""
+    tensor-core ones; d2-fused (256 tokens a micro-batch, F = 512: a ragged last tile column) also the w13 and w2
+    products with the SwiGLU forward and backward fused on Hopper (matmul_swiglu.cuh)."""
     sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not os.path.exists(sanitizer):
         pytest.skip("compute-sanitizer not installed")
