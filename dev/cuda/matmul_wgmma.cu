@@ -100,6 +100,13 @@
 //   * clusters of four CTAs (2 x 2: A multicast along N as well as B along M): L2 read sectors 309 M -> 237 M per w13
 //     product and the L2 request coalescer's ratio 1.52 -> 2.00 (ncu), but only 30 clusters of 4 fit (120 of 132
 //     SMs): v9 1.80-1.93 ms, v7 1.18-1.28 ms.
+//   * tiles handed out by a dynamic scheduler, as cuBLASLt's kernel does: rank 0's producer takes the next tile pair
+//     from an atomic counter (reset by a memset before each launch) one tile ahead and publishes it to both CTAs
+//     through a 4-slot queue in shared memory (full / empty mbarriers, release / acquire at cluster scope). Correct
+//     (bit-identical; memcheck, racecheck and synccheck clean) and slower: v9 1.752-1.775 ms against 1.702-1.721
+//     for the fixed order in alternating runs, v7 1.123-1.150 against 1.081-1.100; under ncu the coalescer's ratio
+//     stayed at 1.43 (1.48 fixed) and the time rose 1.57 -> 1.64 ms. The order in time is not what lets cuBLASLt's
+//     loads coalesce.
 // What ncu says of cuBLASLt's fastest w13 kernel (nvjet 176x128, ping-pong, 1x2 clusters, 1.456 ms at 1.41 GHz
 // against version 6's 1.609 ms): 99% tensor-pipe issue against 88.6%; 114.6 M instructions against 216.5 M; its
 // consumers find the next stage loaded (735 slow-path waits in 1.5 M k-blocks, against 2.0 M retries in 1.4 M for
