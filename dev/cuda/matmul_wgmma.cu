@@ -802,6 +802,26 @@ static void time_shape(const Shape& s, int rounds, const std::vector<int>& versi
     cudaCheck(cudaFree(out));
 }
 
+// The fused cases' timing: rounds alternating the trainer's pair on cuBLASLt (pair(0)), the pair on version 6
+// (pair(6)) and the fused kernel; each call alone (median of 20) and sustained (200 back to back after 100).
+template <typename Pair, typename Fused>
+static void time_against_pairs(int rounds, double flops, const char* const names[3], Pair pair, Fused fused) {
+    if (rounds > 0) printf("  ms per call alone / sustained (and the product's TFLOP/s sustained):\n");
+    for (int round = 0; round < rounds; round++) {
+        for (int variant = 0; variant < 3; variant++) {
+            auto run = [&] {
+                if (variant == 2) fused();
+                else pair(variant == 0 ? 0 : 6);
+            };
+            const float alone = benchmark_ms(20, run);
+            for (int i = 0; i < 100; i++) run();
+            const float sustained = benchmark_ms(1, [&] { for (int i = 0; i < 200; i++) run(); }) / 200.0f;
+            printf("  round %d %-28s %.4f / %.4f ms (%.1f)\n", round, names[variant], alone, sustained,
+                   flops / (sustained * 1e-3) / 1e12);
+        }
+    }
+}
+
 // Version 7 against the trainer's pair, cuBLASLt's dinp product into dhact then swiglu_backward: dh13 and hact bit
 // for bit, then timed like the products (rounds alternating: the pair, version 6's product + swiglu_backward,
 // version 7). dhact (M, F) = dout (M, C) W2 (C, F).
@@ -833,24 +853,8 @@ static void swiglu_backward_case(const char* name, int M, int F, int C, int roun
     cudaCheck(cudaDeviceSynchronize());
     validate_bitwise("dh13 against cuBLASLt + swiglu_backward", dh13, dh13_ref, n_h13);
     validate_bitwise("hact against cuBLASLt + swiglu_backward", hact, hact_ref, n_act);
-    if (rounds > 0) {
-        const double flops = 2.0 * M * (double)F * C;
-        printf("  ms per call alone / sustained (and the product's TFLOP/s sustained):\n");
-        for (int round = 0; round < rounds; round++) {
-            for (int variant = 0; variant < 3; variant++) {
-                auto run = [&] {
-                    if (variant == 2) fused();
-                    else pair(variant == 0 ? 0 : 6);
-                };
-                const float alone = benchmark_ms(20, run);
-                for (int i = 0; i < 100; i++) run();
-                const float sustained = benchmark_ms(1, [&] { for (int i = 0; i < 200; i++) run(); }) / 200.0f;
-                const char* names[3] = {"cuBLASLt + swiglu_backward", "version 6 + swiglu_backward", "version 7"};
-                printf("  round %d %-28s %.4f / %.4f ms (%.1f)\n", round, names[variant], alone, sustained,
-                       flops / (sustained * 1e-3) / 1e12);
-            }
-        }
-    }
+    const char* names[3] = {"cuBLASLt + swiglu_backward", "version 6 + swiglu_backward", "version 7"};
+    time_against_pairs(rounds, 2.0 * M * (double)F * C, names, pair, fused);
     for (floatX* p : {dout, w2, h13, dhact, dh13_ref, hact_ref, dh13, hact}) cudaCheck(cudaFree(p));
 }
 
@@ -880,24 +884,8 @@ static void swiglu_forward_case(const char* name, int M, int F, int C, int round
     cudaCheck(cudaDeviceSynchronize());
     validate_bitwise("h13 against cuBLASLt + swiglu_forward", h13, h13_ref, n_h13);
     validate_bitwise("hact against cuBLASLt + swiglu_forward", hact, hact_ref, n_act);
-    if (rounds > 0) {
-        const double flops = 2.0 * M * (2.0 * F) * C;
-        printf("  ms per call alone / sustained (and the product's TFLOP/s sustained):\n");
-        for (int round = 0; round < rounds; round++) {
-            for (int variant = 0; variant < 3; variant++) {
-                auto run = [&] {
-                    if (variant == 2) fused();
-                    else pair(variant == 0 ? 0 : 6);
-                };
-                const float alone = benchmark_ms(20, run);
-                for (int i = 0; i < 100; i++) run();
-                const float sustained = benchmark_ms(1, [&] { for (int i = 0; i < 200; i++) run(); }) / 200.0f;
-                const char* names[3] = {"cuBLASLt + swiglu_forward", "version 6 + swiglu_forward", "version 9"};
-                printf("  round %d %-28s %.4f / %.4f ms (%.1f)\n", round, names[variant], alone, sustained,
-                       flops / (sustained * 1e-3) / 1e12);
-            }
-        }
-    }
+    const char* names[3] = {"cuBLASLt + swiglu_forward", "version 6 + swiglu_forward", "version 9"};
+    time_against_pairs(rounds, 2.0 * M * (2.0 * F) * C, names, pair, fused);
     for (floatX* p : {inp, w13, h13_ref, hact_ref, h13, hact}) cudaCheck(cudaFree(p));
 }
 
