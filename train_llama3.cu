@@ -49,7 +49,9 @@
 // ----------------------------------------------------------------------------------------------------------------
 // Activations kept from the forward for the backward, for B*T = N rows, per layer unless noted. With activation
 // recomputation the buffers marked (r1) and (r2) hold one layer only, and the backward recomputes them: at level 1
-// the RMSNorm outputs and the SwiGLU output (cheap elementwise passes), at level 2 also the w13 matmul output.
+// the RMSNorm outputs and the SwiGLU output, each written by its own backward kernel (which reads the same input) just
+// before the weight-gradient matmul that needs it; at level 2 also the w13 matmul output, which needs ln2 before the
+// w2 backward, so there ln2 is recomputed by a forward pass first.
 
 struct Activations {
     DeviceBuffer<floatX> residual;      // (L + 1, N, C): input of each layer, then the final residual
@@ -595,8 +597,8 @@ struct Llama3 {
         prof.begin("bwd final norm");
         cudaCheck(cudaMemsetAsync(a.dresidual.ptr, 0, NC * sizeof(floatX), stream));
         bool add = !overwrite_grads;  // to the gradients, or over them (the step's first micro-batch)
-        rmsnorm_backward(a.dresidual.ptr, hg.final_norm, a.rmsnorm_scratch.ptr, a.dnorm.ptr, a.residual.ptr + L * NC,
-                         p.final_norm, a.rstdf.ptr, N, C, add, stream);
+        rmsnorm_backward(a.dresidual.ptr, hg.final_norm, a.rmsnorm_scratch.ptr, nullptr, a.dnorm.ptr,
+                         a.residual.ptr + L * NC, p.final_norm, a.rstdf.ptr, N, C, add, stream);
         prof.end();
         for (int l = L - 1; l >= 0; l--) {
             ParamTensors<floatX> g = layer_grads(l);
@@ -614,11 +616,14 @@ struct Llama3 {
             floatX* qkv = a.qkv.ptr + (size_t)l * N * QKV;
             float* rstd1 = a.rstd1.ptr + (size_t)l * N;
             float* rstd2 = a.rstd2.ptr + (size_t)l * N;
-            if (recompute >= 1) {  // the same kernels on the same inputs: bit-identical to the stored values
+            // Recomputation: bit-identical to the forward's values (the same kernels, or the norm's backward with the
+            // forward's expression and rstd, on the same inputs). ln1, and ln2 at level 1, are written by the norms'
+            // backward, between the input-gradient and the weight-gradient matmuls; at level 2 the w13 product must
+            // be recomputed before the w2 backward, and it needs ln2 first.
+            if (recompute >= 2) {
                 prof.begin("bwd recompute");
                 rmsnorm_forward(ln2, rstd2, mid, p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
-                if (recompute >= 2) matmul_forward(h13, ln2, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, stream);
-                rmsnorm_forward(ln1, rstd1, x, p.attn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
+                matmul_forward(h13, ln2, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, stream);
                 prof.end();
             }
             // the MLP branch: dresidual is the gradient of its output. The w2 weight gradient comes after the swiglu
@@ -629,26 +634,27 @@ struct Llama3 {
             matmul_backward(nullptr, g.w2, a.dresidual.ptr, hact, p.w2 + (size_t)l * C * F, N, F, C, add, stream);
             prof.end();
             prof.begin("bwd w13 matmul + norm");
-            matmul_backward(a.dnorm.ptr, g.w13, a.dh13, ln2, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, add, stream);
-            rmsnorm_backward(a.dresidual.ptr, g.ffn_norm, a.rmsnorm_scratch.ptr, a.dnorm.ptr, mid,
-                             p.ffn_norm + (size_t)l * C, rstd2, N, C, add, stream);
+            matmul_backward(a.dnorm.ptr, nullptr, a.dh13, nullptr, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, add,
+                            stream);
+            rmsnorm_backward(a.dresidual.ptr, g.ffn_norm, a.rmsnorm_scratch.ptr, recompute == 1 ? ln2 : nullptr,
+                             a.dnorm.ptr, mid, p.ffn_norm + (size_t)l * C, rstd2, N, C, add, stream);
+            matmul_backward(nullptr, g.w13, a.dh13, ln2, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, add, stream);
             prof.end();
             // the attention branch
             prof.begin("bwd wo matmul");
             matmul_backward(a.datty, g.wo, a.dresidual.ptr, atty, p.wo + (size_t)l * C * H * hd, N, H * hd, C, add,
                             stream);
             prof.end();
-            prof.begin("bwd attention");
+            prof.begin("bwd attention + rope");  // RoPE's backward inside (on Hopper, as the kernels store dq, dk)
             attention_backward(a.dqkv, a.attention_delta.ptr, a.datty, qkv, atty, a.lse.ptr + (size_t)l * N * H,
-                               b, t, H, KV, hd, stream);
-            prof.end();
-            prof.begin("bwd rope");
-            rope_backward(a.dqkv, rope_table.ptr, b, t, H, KV, hd, stream);
+                               rope_table.ptr, b, t, H, KV, hd, stream);
             prof.end();
             prof.begin("bwd qkv matmul + norm");
-            matmul_backward(a.dnorm.ptr, g.wqkv, a.dqkv, ln1, p.wqkv + (size_t)l * QKV * C, N, C, QKV, add, stream);
-            rmsnorm_backward(a.dresidual.ptr, g.attn_norm, a.rmsnorm_scratch.ptr, a.dnorm.ptr, x,
-                             p.attn_norm + (size_t)l * C, rstd1, N, C, add, stream);
+            matmul_backward(a.dnorm.ptr, nullptr, a.dqkv, nullptr, p.wqkv + (size_t)l * QKV * C, N, C, QKV, add,
+                            stream);
+            rmsnorm_backward(a.dresidual.ptr, g.attn_norm, a.rmsnorm_scratch.ptr, recompute >= 1 ? ln1 : nullptr,
+                             a.dnorm.ptr, x, p.attn_norm + (size_t)l * C, rstd1, N, C, add, stream);
+            matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, p.wqkv + (size_t)l * QKV * C, N, C, QKV, add, stream);
             prof.end();
             if (reduce) reduce_gradients(shards.layer_slices[l], g, accumulate, slot_free[l % 2]);
         }

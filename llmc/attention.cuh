@@ -42,6 +42,7 @@
 #include "attention_scalar.cuh"
 #include "attention_wgmma.cuh"
 #include "cuda_common.h"
+#include "rope.cuh"
 
 #if !defined(ENABLE_FP32)
 // Says once, on stderr, that a bf16 build runs attention on the slow CUDA-core kernels for lack of the Hopper ones.
@@ -76,18 +77,21 @@ inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B,
 // dqkv (B, T, (H + 2 KV) hd) OVERWRITTEN (query, key and value parts all written), from dout and out (B, T, H hd),
 // qkv, and the forward's lse (B, H, T). delta_scratch: (B, H, T) fp32 scratch, overwritten with rowsum(dout * out).
 // Deterministic: every element has one writer and a fixed summation order.
+// rope: nullptr, or RoPE's {cos, sin} table (llmc/rope.cuh), whose backward is then applied to dq and dk: the result
+// is bit-identical to rope_backward run on the output, and the wgmma kernels do it as they store (no extra pass).
 inline void attention_backward(floatX* dqkv, float* delta_scratch, const floatX* dout, const floatX* qkv,
-                               const floatX* out, const float* lse, int B, int T, int n_heads, int n_kv_heads,
-                               int head_dim, cudaStream_t stream) {
+                               const floatX* out, const float* lse, const float* rope, int B, int T, int n_heads,
+                               int n_kv_heads, int head_dim, cudaStream_t stream) {
 #if !defined(ENABLE_FP32)
     if (head_dim == 64 || head_dim == 128) {
         if (attention_wgmma_usable()) {
-            attention_backward_wgmma(dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, head_dim,
-                                     stream);
+            attention_backward_wgmma(dqkv, delta_scratch, dout, qkv, out, lse, rope, B, T, n_heads, n_kv_heads,
+                                     head_dim, stream);
             return;
         }
         attention_note_no_wgmma();
     }
 #endif
     attention_backward_scalar(dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, head_dim, stream);
+    if (rope != nullptr) rope_backward(dqkv, rope, B, T, n_heads, n_kv_heads, head_dim, stream);
 }

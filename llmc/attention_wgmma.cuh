@@ -86,6 +86,7 @@
 #include "attention_common.cuh"
 #include "cuda_common.h"
 #include "ptx.cuh"
+#include "rope.cuh"
 #include "tensor_map.cuh"
 
 #if !defined(ENABLE_FP32)
@@ -130,17 +131,31 @@ __device__ __forceinline__ void wgmma_init_barriers(uint32_t once, uint32_t full
 // Stores a warpgroup's 64 x HD fp32 accumulator (times mult) as bf16 to global rows r0 .. r0 + 63 (skipping rows
 // >= T; dst: row 0, column 0 of the head), staged through rows 64 wg .. 64 wg + 63 of a swizzled smem tile of R rows
 // (wg: the consumer warpgroup's index, 0 or 1).
+// rope: nullptr, or RoPE's (T, HD/2, 2) {cos, sin} table (llmc/rope.cuh): then each pair of columns (2i, 2i+1) of
+// row t is rotated back by pair i's angle at position t after the rounding to bf16, and rounded again: the same bits
+// rope_backward would leave on the stored values, without its pass over them.
 template <int HD, int R>
 __device__ __forceinline__ void wgmma_store_rows(__nv_bfloat16* dst, size_t row_stride, uint8_t* stage,
-                                                 const float (&acc)[HD / 2], float mult, int r0, int T, int wg) {
+                                                 const float (&acc)[HD / 2], float mult, int r0, int T, int wg,
+                                                 const float* rope = nullptr) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
     const int lr = 64 * wg + 16 * warp + g;
 #pragma unroll
-    for (int jn = 0; jn < HD / 8; jn++) {
+    for (int r = 0; r < 2; r++) {
+        const int t = r0 + 16 * warp + g + 8 * r;
+        // rows past T are never stored: no table row to read for them
+        const float2* angles = rope != nullptr && t < T ? reinterpret_cast<const float2*>(rope) + (size_t)t * (HD / 2)
+                                                        : nullptr;
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            *reinterpret_cast<uint32_t*>(stage + swizzle128_offset<R>(lr + 8 * r, jn) + 2 * c) =
-                pack_bf16x2(acc[4 * jn + 2 * r] * mult, acc[4 * jn + 2 * r + 1] * mult);
+        for (int jn = 0; jn < HD / 8; jn++) {
+            float y0 = acc[4 * jn + 2 * r] * mult, y1 = acc[4 * jn + 2 * r + 1] * mult;
+            if (angles != nullptr) {
+                const float2 cs = angles[4 * jn + c / 2];
+                const float x0 = __bfloat162float(__float2bfloat16_rn(y0));
+                const float x1 = __bfloat162float(__float2bfloat16_rn(y1));
+                rope_rotate(x0, x1, cs.x, -cs.y, &y0, &y1);
+            }
+            *reinterpret_cast<uint32_t*>(stage + swizzle128_offset<R>(lr + 8 * r, jn) + 2 * c) = pack_bf16x2(y0, y1);
         }
     }
     named_barrier_sync<128>(1 + wg);
@@ -607,8 +622,8 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     attention_backward_dkdv_wgmma_kernel(const __grid_constant__ CUtensorMap kv_map,
                                          const __grid_constant__ CUtensorMap q_map,
                                          const __grid_constant__ CUtensorMap do_map, __nv_bfloat16* dqkv,
-                                         const float* lse, const float* delta, int T, int H, int KV, float scale,
-                                         float scale_log2) {
+                                         const float* lse, const float* delta, const float* rope, int T, int H, int KV,
+                                         float scale, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int ROWS = WGMMA_ROWS, S = WGMMA_DKDV_STAGES, BQ = WGMMA_DKDV_QUERIES;
     constexpr int KBYTES = ROWS * HD * 2, QBYTES = BQ * HD * 2;
@@ -854,7 +869,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     // Each warpgroup read only its own 64 rows of K and V: after its last wait they stage its results.
     const size_t stride = (size_t)(H + 2 * KV) * HD;
     __nv_bfloat16* dqkv_b = dqkv + (size_t)b * T * stride;
-    wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + kvh) * HD, stride, smem_ptr, dk, scale, kwg, T, wg);
+    wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + kvh) * HD, stride, smem_ptr, dk, scale, kwg, T, wg, rope);
     wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + KV + kvh) * HD, stride, smem_ptr + KBYTES, dv, 1.0f, kwg, T, wg);
 #else
     __trap();  // not sm_90a code: never launched (attention_wgmma_usable)
@@ -875,8 +890,8 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     attention_backward_dq_wgmma_kernel(const __grid_constant__ CUtensorMap q_map,
                                        const __grid_constant__ CUtensorMap do_map,
                                        const __grid_constant__ CUtensorMap kv_map, __nv_bfloat16* dqkv,
-                                       const float* lse, const float* delta, int T, int H, int KV, float scale,
-                                       float scale_log2) {
+                                       const float* lse, const float* delta, const float* rope, int T, int H, int KV,
+                                       float scale, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int ROWS = WGMMA_ROWS, S = WGMMA_DQ_STAGES, BN = wgmma_dq_keys(HD);
     constexpr bool AREG = wgmma_dq_q_in_registers(HD);
@@ -998,7 +1013,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     // Each warpgroup read only its own 64 rows of Q: after its last wait they stage its result.
     const size_t stride = (size_t)(H + 2 * KV) * HD;
     wgmma_store_rows<HD, ROWS>(dqkv + (size_t)b * T * stride + (size_t)h * HD, stride, smem_ptr, dq, scale, qwg, T,
-                               wg);
+                               wg, rope);
 #else
     __trap();  // not sm_90a code: never launched (attention_wgmma_usable)
 #endif
@@ -1080,8 +1095,8 @@ inline void attention_forward_wgmma(floatX* out, float* lse, const floatX* qkv, 
 // The wgmma backward at one head dim (D included).
 template <int HD>
 inline void attention_backward_wgmma_hd(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
-                                        const floatX* out, const float* lse, int B, int T, int H, int KV,
-                                        cudaStream_t stream) {
+                                        const floatX* out, const float* lse, const float* rope, int B, int T, int H,
+                                        int KV, cudaStream_t stream) {
     static bool dkdv_smem_set = false, dq_smem_set = false, dkdv_regs_checked = false, dq_regs_checked = false;
     const size_t dkdv_smem = attention_backward_dkdv_wgmma_smem_bytes<HD>();
     const size_t dq_smem = attention_backward_dq_wgmma_smem_bytes<HD>();
@@ -1101,20 +1116,20 @@ inline void attention_backward_wgmma_hd(floatX* dqkv, float* delta, const floatX
     const float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * ATTN_LOG2E;
     dim3 dkdv_grid(B * KV, ceil_div(T, WGMMA_ROWS));
     attention_backward_dkdv_wgmma_kernel<HD><<<dkdv_grid, WGMMA_WS_THREADS, dkdv_smem, stream>>>(
-        qkv_128, qkv_64, dout_64, dqkv, lse, delta, T, H, KV, scale, scale_log2);
+        qkv_128, qkv_64, dout_64, dqkv, lse, delta, rope, T, H, KV, scale, scale_log2);
     cudaCheckLaunch();
     dim3 dq_grid(B * H, ceil_div(T, WGMMA_ROWS));
     const CUtensorMap& kv_tiles = wgmma_dq_keys(HD) == WGMMA_ROWS ? qkv_128 : qkv_64;
     attention_backward_dq_wgmma_kernel<HD><<<dq_grid, WGMMA_WS_THREADS, dq_smem, stream>>>(
-        qkv_128, dout_128, kv_tiles, dqkv, lse, delta, T, H, KV, scale, scale_log2);
+        qkv_128, dout_128, kv_tiles, dqkv, lse, delta, rope, T, H, KV, scale, scale_log2);
     cudaCheckLaunch();
 }
 
 // The wgmma backward (head_dim 64 or 128; the caller checked attention_wgmma_usable). Same contract as
-// attention_backward.
+// attention_backward, RoPE's backward included when rope is given.
 inline void attention_backward_wgmma(floatX* dqkv, float* delta_scratch, const floatX* dout, const floatX* qkv,
-                                     const floatX* out, const float* lse, int B, int T, int n_heads, int n_kv_heads,
-                                     int head_dim, cudaStream_t stream) {
+                                     const floatX* out, const float* lse, const float* rope, int B, int T,
+                                     int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream) {
     attention_check_args("attention_backward_wgmma", B, T, n_heads, n_kv_heads, head_dim);
     if (head_dim != 64 && head_dim != 128) {
         fprintf(stderr, "attention_backward_wgmma: head_dim %d unsupported (64 or 128)\n", head_dim);
@@ -1126,9 +1141,11 @@ inline void attention_backward_wgmma(floatX* dqkv, float* delta_scratch, const f
         fail_exit();
     }
     if (head_dim == 64) {
-        attention_backward_wgmma_hd<64>(dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, stream);
+        attention_backward_wgmma_hd<64>(dqkv, delta_scratch, dout, qkv, out, lse, rope, B, T, n_heads, n_kv_heads,
+                                        stream);
     } else {
-        attention_backward_wgmma_hd<128>(dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, stream);
+        attention_backward_wgmma_hd<128>(dqkv, delta_scratch, dout, qkv, out, lse, rope, B, T, n_heads, n_kv_heads,
+                                         stream);
     }
 }
 

@@ -14,6 +14,9 @@
 // to run: rows are cut into R fixed chunks (R depends only on N), the backward kernel writes each chunk's fp32
 // partial sums to `scratch` (R x C) while it computes dinp, and a second kernel adds the R partials per column in a
 // fixed order.
+// The backward can also write the forward's output again (`out`, bit-identical to rmsnorm_forward's): with activation
+// recomputation the trainer needs it for the weight-gradient matmul that follows, and this pass already reads x and
+// has rstd, so writing it here saves a separate recompute pass and its read of x.
 #pragma once
 
 #include <cstdint>
@@ -157,10 +160,11 @@ inline size_t rmsnorm_backward_scratch_floats(int N, int C) { return (size_t)rms
 // Pass 1: dot = sum_c dout*weight*x, so mean_c(dxhat*xhat) = rstd * dot / C. Pass 2: dinp += dx, with the segment's
 // dinp loads issued together, and dout * xhat added into the warp's own fp32 row of shared memory (each element
 // always by the same lane, so no synchronisation until the end). Then the warps' rows are added in warp order into
-// scratch[chunk].
-template <int VEC>
+// scratch[chunk]. OUT: pass 2 also writes out = x * rstd * weight, the forward's expression in the forward's order
+// (rstd is the forward's r), so bit-identical to it; a template flag keeps the test out of the loop.
+template <int VEC, bool OUT>
 __global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
-    rmsnorm_backward_kernel(floatX* dinp, float* scratch, const floatX* dout, const floatX* inp,
+    rmsnorm_backward_kernel(floatX* dinp, float* scratch, floatX* out, const floatX* dout, const floatX* inp,
                             const floatX* weight, const float* rstd, int N, int C, int rows_per_chunk) {
     constexpr int SEGMENT = 32 * VEC * RMSNORM_BACKWARD_PACKS;
     extern __shared__ float warp_dweight[];  // (RMSNORM_BACKWARD_WARPS, C)
@@ -206,8 +210,11 @@ __global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
                     float gj = to_float(g[k].v[j]), xj = to_float(x[k].v[j]);
                     d[k].v[j] = from_float<floatX>(to_float(d[k].v[j]) + r * (gj * to_float(w.v[j]) - xj * r * mean));
                     my_dweight[c + j] += gj * (xj * r);
+                    // the output takes x's register once xj holds it (the forward's expression and order)
+                    if constexpr (OUT) x[k].v[j] = from_float<floatX>(xj * r * to_float(w.v[j]));
                 }
                 rmsnorm_store<VEC>(dinp + off + c, d[k]);
+                if constexpr (OUT) rmsnorm_store<VEC>(out + off + c, x[k]);
             }
         }
     }
@@ -243,7 +250,7 @@ __global__ void rmsnorm_backward_dweight_reduce_kernel(floatX* dweight, const fl
 
 // Shared memory of rmsnorm_backward_kernel: a row of C floats per warp. Above 48 KiB (C > 3072) it must be opted
 // into, once per kernel instance; C beyond the GPU's limit is refused with a message.
-template <int VEC>
+template <int VEC, bool OUT>
 inline size_t rmsnorm_backward_smem(int C) {
     size_t bytes = (size_t)RMSNORM_BACKWARD_WARPS * C * sizeof(float);
     static size_t opted = 48 * 1024;
@@ -256,34 +263,40 @@ inline size_t rmsnorm_backward_smem(int C) {
                     bytes, limit);
             fail_exit();
         }
-        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel<VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)bytes));
+        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel<VEC, OUT>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
         opted = bytes;
     }
     return bytes;
 }
 
+template <int VEC, bool OUT>
+inline void rmsnorm_backward_launch(floatX* dinp, float* scratch, floatX* out, const floatX* dout, const floatX* inp,
+                                    const floatX* weight, const float* rstd, int N, int C, cudaStream_t stream) {
+    size_t smem = rmsnorm_backward_smem<VEC, OUT>(C);
+    rmsnorm_backward_kernel<VEC, OUT><<<rmsnorm_backward_chunks(N), RMSNORM_BACKWARD_WARPS * 32, smem, stream>>>(
+        dinp, scratch, out, dout, inp, weight, rstd, N, C, rmsnorm_backward_rows_per_chunk(N));
+    cudaCheckLaunch();
+}
+
 // dinp (N, C) += dx (accumulates into the residual gradient); dweight (C) += sum_n dout * xhat (accumulates,
 // deterministic; with accumulate = false it is overwritten instead). scratch: rmsnorm_backward_scratch_floats(N, C)
-// floats, contents don't matter, clobbered.
-// dinp must not alias dout or inp.
-inline void rmsnorm_backward(floatX* dinp, floatX* dweight, float* scratch, const floatX* dout, const floatX* inp,
-                             const floatX* weight, const float* rstd, int N, int C, bool accumulate,
+// floats, contents don't matter, clobbered. out: nullptr, or (N, C) overwritten with the forward's output
+// x * rstd * weight, bit-identical to rmsnorm_forward's (recomputed for the weight gradient that needs it).
+// dinp must not alias dout or inp; out must not alias anything.
+inline void rmsnorm_backward(floatX* dinp, floatX* dweight, float* scratch, floatX* out, const floatX* dout,
+                             const floatX* inp, const floatX* weight, const float* rstd, int N, int C, bool accumulate,
                              cudaStream_t stream) {
     if (N <= 0 || C <= 0) return;
-    int rows_per_chunk = rmsnorm_backward_rows_per_chunk(N);
     int n_chunks = rmsnorm_backward_chunks(N);
-    const int block = RMSNORM_BACKWARD_WARPS * 32;
-    if (rmsnorm_vec_ok(C, dinp, dout, inp, weight)) {
-        size_t smem = rmsnorm_backward_smem<VEC16>(C);
-        rmsnorm_backward_kernel<VEC16>
-            <<<n_chunks, block, smem, stream>>>(dinp, scratch, dout, inp, weight, rstd, N, C, rows_per_chunk);
+    bool vec = rmsnorm_vec_ok(C, dinp, dout, inp, weight, out);
+    if (out != nullptr) {
+        if (vec) rmsnorm_backward_launch<VEC16, true>(dinp, scratch, out, dout, inp, weight, rstd, N, C, stream);
+        else rmsnorm_backward_launch<1, true>(dinp, scratch, out, dout, inp, weight, rstd, N, C, stream);
     } else {
-        size_t smem = rmsnorm_backward_smem<1>(C);
-        rmsnorm_backward_kernel<1>
-            <<<n_chunks, block, smem, stream>>>(dinp, scratch, dout, inp, weight, rstd, N, C, rows_per_chunk);
+        if (vec) rmsnorm_backward_launch<VEC16, false>(dinp, scratch, out, dout, inp, weight, rstd, N, C, stream);
+        else rmsnorm_backward_launch<1, false>(dinp, scratch, out, dout, inp, weight, rstd, N, C, stream);
     }
-    cudaCheckLaunch();
     dim3 reduce_block(32, RMSNORM_REDUCE_GROUPS);
     rmsnorm_backward_dweight_reduce_kernel<<<ceil_div(C, 32), reduce_block, 0, stream>>>(dweight, scratch, n_chunks,
                                                                                           C, accumulate);

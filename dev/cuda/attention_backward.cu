@@ -219,6 +219,11 @@
 //           (2, 4096) 473-478 -> 492-495 TFLOP/s, (1, 8192) 469-512 -> 492-529; the new schedule without K in
 //           registers: 465-468 / 457-500 (no gain alone); 4 slices: 488-489 / 481-527. Validation, bit-for-bit
 //           reruns, memcheck and synccheck pass; make test passes (the hd 128 tie-outs: test-mha, 3B-d2).
+//   v11: v10 given RoPE's table, as the trainer calls it: RoPE's backward on dq and dk applied as the kernels store
+//       them (llmc/attention_wgmma.cuh wgmma_store_rows), so the trainer's separate rope_backward pass over dqkv is
+//       gone. Validated against the CPU reference followed by the CPU RoPE backward, and bit for bit against v10
+//       followed by llmc's rope_backward; timed next to that pair. H100 (session 20, one run, the three timing
+//       shapes): v11 0.524 / 1.429 / 2.672 ms against v12 (v10 + rope_backward) 0.542 / 1.471 / 2.952 ms.
 // Side by side with PyTorch SDPA: attention_vs_pytorch.py (--backward v6 for this version).
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_backward.cu
@@ -230,6 +235,7 @@
 #include "common.h"
 
 #include "../../llmc/attention.cuh"
+#include "../../llmc/model.h"
 #include "../../llmc/ptx.cuh"
 #include "wgmma_cp_async.cuh"
 #include "attention_backward_v6.cuh"
@@ -1194,7 +1200,7 @@ static void backward_hopper_config(floatX* dqkv, float* delta, const floatX* dou
         return backward_wgmma_launch<128, BQ128, BN128, AKV128, AQ128>(dqkv, delta, dout, qkv, out, lse, B, T,
                                                                                H, KV, 0);
     }
-    attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
+    attention_backward(dqkv, delta, dout, qkv, out, lse, nullptr, B, T, H, KV, hd, 0);
 }
 #endif  // !ENABLE_FP32
 
@@ -1280,9 +1286,33 @@ static void backward_two_streams(floatX* dqkv, float* delta, const floatX* dout,
         }
         return;
     }
-    attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0);
+    attention_backward(dqkv, delta, dout, qkv, out, lse, nullptr, B, T, H, KV, hd, 0);
 }
 #endif
+
+// RoPE's {cos, sin} table for positions 0 .. T - 1 at head dim hd, built as the trainer builds it (model.h's
+// rope_tables, interleaved), kept on the device for the last (T, hd) asked for; cos_t, sin_t: the host tables.
+static const float* rope_table_for(int T, int hd, std::vector<float>* cos_t = nullptr,
+                                   std::vector<float>* sin_t = nullptr) {
+    static float* d_table = nullptr;
+    static int last_T = -1, last_hd = -1;
+    static std::vector<float> cos_table, sin_table;
+    if (T != last_T || hd != last_hd) {
+        Llama3Config cfg;
+        cfg.dim = 4 * hd;
+        cfg.n_heads = 4;
+        cfg.n_kv_heads = 4;
+        cfg.rope_theta = 500000.0f;
+        rope_tables(cfg, T, &cos_table, &sin_table);
+        std::vector<float> table = rope_interleave_tables(cos_table, sin_table);
+        if (d_table != nullptr) cudaCheck(cudaFree(d_table));
+        d_table = device_from_host<float>(table);
+        last_T = T, last_hd = hd;
+    }
+    if (cos_t != nullptr) *cos_t = cos_table;
+    if (sin_t != nullptr) *sin_t = sin_table;
+    return d_table;
+}
 
 static void attention_backward_gpu(int version, floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
                                    const floatX* out, const float* lse, int B, int T, int H, int KV, int hd) {
@@ -1312,7 +1342,12 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
                                       v7_scratch(8, B, T, H, hd), 0);
             break;
         case 9: backward_two_streams(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd); break;
-        case 10: attention_backward(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd, 0); break;
+        case 10: attention_backward(dqkv, delta, dout, qkv, out, lse, nullptr, B, T, H, KV, hd, 0); break;
+        case 11: attention_backward(dqkv, delta, dout, qkv, out, lse, rope_table_for(T, hd), B, T, H, KV, hd, 0); break;
+        case 12:  // v11's reference: v10, then RoPE's backward as its own pass (what the trainer ran before v11)
+            attention_backward(dqkv, delta, dout, qkv, out, lse, nullptr, B, T, H, KV, hd, 0);
+            rope_backward(dqkv, rope_table_for(T, hd), B, T, H, KV, hd, 0);
+            break;
         // Tuning candidates (./attention_backward sweep): not versions of their own.
         case 101:  // hd 64: dQ with 32 keys per tile
             backward_tc_config<2, 32, 1, 64, 2, 32, 1, 64>(dqkv, delta, dout, qkv, out, lse, B, T, H, KV, hd);
@@ -1351,7 +1386,7 @@ static void attention_backward_gpu(int version, floatX* dqkv, float* delta, cons
 #if defined(ENABLE_FP32)
 static const int VERSIONS[] = {1};
 #else
-static const int VERSIONS[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+static const int VERSIONS[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
 #endif
 
 // v6 must not depend on its scratch's contents (the dQ accumulator is never zeroed, the counters are zeroed by v6):
@@ -1378,6 +1413,12 @@ static void validate_shape(int version, const Shape& sh, uint64_t seed) {
     out = round_to_floatX(out);  // what the GPU forward would have stored
     std::vector<float> dqkv_ref(n_qkv);
     cpu::attention_backward(dqkv_ref.data(), dout.data(), qkv.data(), out.data(), B, T, H, KV, hd);
+    const bool with_rope = version == 11 || version == 12;
+    if (with_rope) {  // the gradient with respect to q and k before RoPE
+        std::vector<float> cos_t, sin_t;
+        rope_table_for(T, hd, &cos_t, &sin_t);
+        cpu::rope(dqkv_ref.data(), cos_t, sin_t, B, T, H, KV, hd, true);
+    }
 
     floatX* d_qkv = device_from_host<floatX>(qkv);
     floatX* d_out = device_from_host<floatX>(out);
@@ -1409,6 +1450,13 @@ static void validate_shape(int version, const Shape& sh, uint64_t seed) {
     attention_backward_gpu(version, d_dqkv2, d_delta, d_dout, d_qkv, d_out, d_lse, B, T, H, KV, hd);
     cudaCheck(cudaDeviceSynchronize());
     validate_bitwise("dqkv rerun", d_dqkv, d_dqkv2, n_qkv);
+    if (with_rope) {  // the fused RoPE backward leaves the same bits as the separate pass
+        poison(d_dqkv2, n_qkv * sizeof(floatX));
+        attention_backward_gpu(version == 11 ? 12 : 11, d_dqkv2, d_delta, d_dout, d_qkv, d_out, d_lse, B, T, H, KV,
+                               hd);
+        cudaCheck(cudaDeviceSynchronize());
+        validate_bitwise("dqkv fused RoPE against the separate pass", d_dqkv, d_dqkv2, n_qkv);
+    }
     cudaCheck(cudaFree(d_dqkv2));
 
     cudaCheck(cudaFree(d_qkv));
@@ -1477,6 +1525,7 @@ int main(int argc, char** argv) {
         for (int version : versions) {
             for (int i = 0; i < n_shapes; i++) {
                 if (only < 0 || i == only) time_shape(version, ATTENTION_TIMING_SHAPES[i]);
+                if ((only < 0 || i == only) && version == 11) time_shape(12, ATTENTION_TIMING_SHAPES[i]);
             }
         }
         return finish(argv[0]);
@@ -1497,7 +1546,10 @@ int main(int argc, char** argv) {
     if (argc > 2 && strcmp(argv[2], "check") == 0) return finish(argv[0]);  // validation only (for sanitizers)
     printf("timing (TFLOP/s = 2.5 x 2 B H T^2 hd / time)\n");
     for (int version : versions) {
-        for (const Shape& sh : ATTENTION_TIMING_SHAPES) time_shape(version, sh);
+        for (const Shape& sh : ATTENTION_TIMING_SHAPES) {
+            time_shape(version, sh);
+            if (version == 11) time_shape(12, sh);  // the pair v11 replaces, in the same round
+        }
     }
     return finish(argv[0]);
 }

@@ -352,7 +352,7 @@ inline void attention_backward_v6(floatX* dqkv, float* delta_scratch, const floa
         }
         return;
     }
-    attention_backward(dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, head_dim, stream);
+    attention_backward(dqkv, delta_scratch, dout, qkv, out, lse, nullptr, B, T, n_heads, n_kv_heads, head_dim, stream);
 }
 
 #endif  // !ENABLE_FP32

@@ -319,7 +319,7 @@ inline void attention_backward_v8(floatX* dqkv, float* delta_scratch, const floa
         }
         return;
     }
-    attention_backward(dqkv, delta_scratch, dout, qkv, out, lse, B, T, n_heads, n_kv_heads, head_dim, stream);
+    attention_backward(dqkv, delta_scratch, dout, qkv, out, lse, nullptr, B, T, n_heads, n_kv_heads, head_dim, stream);
 }
 // Scratch bytes for attention_backward_v8 (the accumulator type differs by head dim).
 inline size_t attention_backward_v8_scratch_bytes(int B, int T, int H, int hd) {

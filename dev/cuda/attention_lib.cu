@@ -31,7 +31,7 @@ void llmc_attention_forward(void* out, float* lse, const void* qkv, int B, int T
 void llmc_attention_backward(void* dqkv, float* delta, const void* dout, const void* qkv, const void* out,
                              const float* lse, int B, int T, int H, int KV, int hd, void* stream) {
     attention_backward(static_cast<floatX*>(dqkv), delta, static_cast<const floatX*>(dout),
-                       static_cast<const floatX*>(qkv), static_cast<const floatX*>(out), lse, B, T, H, KV, hd,
+                       static_cast<const floatX*>(qkv), static_cast<const floatX*>(out), lse, nullptr, B, T, H, KV, hd,
                        static_cast<cudaStream_t>(stream));
 }
 

@@ -14,12 +14,17 @@
 //     0.161 ms; 4 takes 210 registers in bf16). More warps per row chunk (session 16, two runs each): 4 warps
 //     0.1354 / 0.1365 ms, 8 warps 0.1456 / 0.1447 ms; 16 need 256 KiB of shared memory at C = 4096 and fail there.
 //     Twice the row chunks (1024, 16 rows each; three runs): 0.1481-0.1493 ms against 0.1357-0.1367 ms.
+//   backward 4: version 3 also writing the recomputed forward output (out = x * rstd * w, bit-identical to the
+//     forward's), which with recomputation replaces the trainer's separate rmsnorm_forward pass (one read of x saved).
+//     H100 (session 20, one run): 0.1556 ms against version 3's 0.1367 and the plain forward's 0.0612 in the same
+//     run, so 0.042 ms less per recomputed norm than backward + forward (32 in a 1B step: about 1.35 ms).
 // H100, N = 16384, C = 2048 (a 1B layer), ms and GB/s counting the minimum traffic:
 //   bf16 forward 0.073 (1840) -> 0.066 (2045); fused residual forward 0.121 (2225) -> 0.101 (2650);
 //        backward 0.200 (1340) -> 0.145 (1850) -> 0.137 (1965)
 //   fp32 forward 0.145 (1845) -> 0.104 (2570); fused residual forward 0.241 (2230) -> 0.194 (2763);
 //        backward 0.378 (1420) -> 0.281 (1911) -> 0.279 (1927)
-// In the 1B step (33 backward and 65 forward calls) that is about 2.9 ms of kernel time.
+// In the 1B step (33 backward and 65 forward calls) that is about 2.9 ms of kernel time (before backward 4 took
+// over the 32 recompute forwards).
 //
 // C = 48 and 2048 take the 16-byte path in both precisions, C = 100 only in fp32, C = 50 and 2050 never; N = 37
 // leaves a partial block of rows, N = 9000 gives several row chunks in the dweight reduction; C = 4096 needs more than
@@ -242,13 +247,15 @@ static size_t scratch_floats_any(int N, int C) {
     return std::max(rmsnorm_backward_scratch_floats(N, C), (size_t)ceil_div(N, std::max(32, ceil_div(N, 256))) * C);
 }
 
-// backward version 3 = llmc/rmsnorm.cuh
-constexpr int BACKWARD_VERSIONS = 3;
-static void backward_version(int version, floatX* dinp, floatX* dweight, float* scratch, const floatX* dout,
-                             const floatX* inp, const floatX* weight, const float* rstd, int N, int C) {
+// backward versions 3 and 4 = llmc/rmsnorm.cuh without and with out (written by version 4 only)
+constexpr int BACKWARD_VERSIONS = 4;
+static void backward_version(int version, floatX* dinp, floatX* dweight, float* scratch, floatX* out,
+                             const floatX* dout, const floatX* inp, const floatX* weight, const float* rstd, int N,
+                             int C) {
     if (version == 1) rmsnorm_backward_v1(dinp, dweight, scratch, dout, inp, weight, rstd, N, C, 0);
     else if (version == 2) rmsnorm_backward_v2(dinp, dweight, scratch, dout, inp, weight, rstd, N, C);
-    else rmsnorm_backward(dinp, dweight, scratch, dout, inp, weight, rstd, N, C, true, 0);
+    else rmsnorm_backward(dinp, dweight, scratch, version == 4 ? out : nullptr, dout, inp, weight, rstd, N, C, true,
+                          0);
 }
 
 // forward version 2 = llmc/rmsnorm.cuh
@@ -319,7 +326,8 @@ static void test_case(int N, int C, uint64_t seed) {
         validate("fused in-place out", host_from_device(d_out, NC), ref_fout);
     }
 
-    // backward, using the GPU's rstd from the plain forward (what the trainer saves)
+    // backward, using the GPU's rstd from the plain forward (what the trainer saves); d_out keeps that forward's
+    // output, which version 4 must write again bit for bit
     rmsnorm_forward(d_out, d_rstd, d_a, d_w, N, C, eps, 0);
     std::vector<float> rstd_gpu = host_from_device(d_rstd, N);
     std::vector<float> ref_dinp = dinp0, ref_dw = dw0;
@@ -327,6 +335,8 @@ static void test_case(int N, int C, uint64_t seed) {
     size_t scratch_floats = scratch_floats_any(N, C);
     float* d_scratch;
     cudaCheck(cudaMalloc(&d_scratch, scratch_floats * sizeof(float)));
+    floatX *d_bout, *d_dinp3 = nullptr, *d_dw3 = nullptr;  // version 4's out; version 3's results, to compare with 4
+    cudaCheck(cudaMalloc(&d_bout, NC * sizeof(floatX)));
     for (int version = 1; version <= BACKWARD_VERSIONS; version++) {
         printf("backward version %d\n", version);
         floatX* d_dinp[2];
@@ -335,15 +345,32 @@ static void test_case(int N, int C, uint64_t seed) {
             d_dinp[k] = device_from_host<floatX>(dinp0);
             d_dw[k] = device_from_host<floatX>(dw0);
             poison(d_scratch, scratch_floats * sizeof(float));  // scratch contents must not matter
-            backward_version(version, d_dinp[k], d_dw[k], d_scratch, d_dout, d_a, d_w, d_rstd, N, C);
+            poison(d_bout, NC * sizeof(floatX));                // every element of out must be written
+            backward_version(version, d_dinp[k], d_dw[k], d_scratch, d_bout, d_dout, d_a, d_w, d_rstd, N, C);
         }
         cudaCheck(cudaDeviceSynchronize());
         validate("backward dinp (accumulate)", host_from_device(d_dinp[0], NC), ref_dinp);
         validate("backward dweight (accumulate)", host_from_device(d_dw[0], C), ref_dw);
         validate_bitwise("dinp determinism", d_dinp[0], d_dinp[1], NC);
         validate_bitwise("dweight determinism", d_dw[0], d_dw[1], C);
-        for (void* p : {(void*)d_dinp[0], (void*)d_dinp[1], (void*)d_dw[0], (void*)d_dw[1]}) cudaCheck(cudaFree(p));
+        if (version == 4) {
+            // the second run's out (the first's was poisoned again): bit-identical to the forward's output, and
+            // writing it changes nothing else
+            validate_bitwise("out = forward's out", d_bout, d_out, NC);
+            validate_bitwise("dinp = version 3's", d_dinp[0], d_dinp3, NC);
+            validate_bitwise("dweight = version 3's", d_dw[0], d_dw3, C);
+        }
+        if (version == 3) {
+            d_dinp3 = d_dinp[0];
+            d_dw3 = d_dw[0];
+        }
+        for (int k = 0; k < 2; k++) {
+            if (version == 3 && k == 0) continue;  // kept for version 4
+            cudaCheck(cudaFree(d_dinp[k]));
+            cudaCheck(cudaFree(d_dw[k]));
+        }
     }
+    for (void* p : {(void*)d_dinp3, (void*)d_dw3, (void*)d_bout}) cudaCheck(cudaFree(p));
     // the trainer's kernel overwriting dweight (a step's first micro-batch): poisoned dweight, reference from zero
     {
         std::vector<float> ref_dinp_over = dinp0, ref_dw_over(C, 0.0f);
@@ -353,7 +380,7 @@ static void test_case(int N, int C, uint64_t seed) {
         floatX* d_dw;
         cudaCheck(cudaMalloc(&d_dw, C * sizeof(floatX)));
         poison(d_dw, C * sizeof(floatX));
-        rmsnorm_backward(d_dinp, d_dw, d_scratch, d_dout, d_a, d_w, d_rstd, N, C, false, 0);
+        rmsnorm_backward(d_dinp, d_dw, d_scratch, nullptr, d_dout, d_a, d_w, d_rstd, N, C, false, 0);
         cudaCheck(cudaDeviceSynchronize());
         validate("backward dinp (dweight overwritten)", host_from_device(d_dinp, NC), ref_dinp_over);
         validate("backward dweight (overwritten)", host_from_device(d_dw, C), ref_dw_over);
@@ -406,11 +433,14 @@ int main(int argc, char** argv) {
         snprintf(name, sizeof(name), "fused residual forward version %d", version);
         report_bandwidth(name, ms, 4 * row_bytes + N * 4.0);
     }
-    // minimum traffic: read dout, inp, dinp; write dinp (version 1's dweight pass re-reads dout and inp, counted as 0)
+    // minimum traffic: read dout, inp, dinp; write dinp, and out in version 4 (version 1's dweight pass re-reads
+    // dout and inp, counted as 0)
     for (int version = 1; version <= BACKWARD_VERSIONS; version++) {
-        ms = benchmark_ms(20, [&] { backward_version(version, d_dinp, d_dw, d_scratch, d_g, d_x, d_w, d_rstd, N, C); });
-        snprintf(name, sizeof(name), "backward version %d", version);
-        report_bandwidth(name, ms, 4 * row_bytes + N * 4.0);
+        ms = benchmark_ms(20, [&] {
+            backward_version(version, d_dinp, d_dw, d_scratch, d_out, d_g, d_x, d_w, d_rstd, N, C);
+        });
+        snprintf(name, sizeof(name), version == 4 ? "backward version %d (+ out)" : "backward version %d", version);
+        report_bandwidth(name, ms, (version == 4 ? 5 : 4) * row_bytes + N * 4.0);
     }
 
     for (void* p : {(void*)d_x, (void*)d_y, (void*)d_w, (void*)d_g, (void*)d_out, (void*)d_res, (void*)d_dinp,
