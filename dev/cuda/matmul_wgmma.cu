@@ -107,6 +107,16 @@
 //     for the fixed order in alternating runs, v7 1.123-1.150 against 1.081-1.100; under ncu the coalescer's ratio
 //     stayed at 1.43 (1.48 fixed) and the time rose 1.57 -> 1.64 ms. The order in time is not what lets cuBLASLt's
 //     loads coalesce.
+// Session 20 (H100, fast-math builds, sustained ms per call, rounds alternating with the pairs), tried, not kept:
+//   * RoPE fused into the qkv product the same way (a third epilogue: B's halves wqkv's rows 192 tn .. and
+//     192 tn + 96 .., the tile's query and key columns rotated as rope_chunk_kernel does them, 4 pairs a lane, from
+//     the staged bf16 rows). Bit-identical to cuBLASLt + rope_forward (small shape with a tile column across the
+//     key / value boundary and a ragged last column, and the 1B's qkv: B = 8, T = 2048, 32 / 8 heads of 64), but
+//     slower: 0.3666-0.3907 ms against the pair's 0.3458-0.3500 (version 6 + rope_forward 0.3675-0.3812). On
+//     N = 3072 our product is further behind cuBLASLt's than the RoPE pass costs (about 0.06 ms a layer).
+//   * 5 stages instead of 4, made room for by staging each warp's rows 16 at a time (one 64-row half of the tile,
+//     then the other): version 9 1.794-1.841 ms against 1.710-1.745 for the kept kernel and 1.723-1.757 for the
+//     16-row epilogue with 4 stages; version 7 1.067-1.101, 1.085-1.111 and 1.063-1.107. Same bits throughout.
 // What ncu says of cuBLASLt's fastest w13 kernel (nvjet 176x128, ping-pong, 1x2 clusters, 1.456 ms at 1.41 GHz
 // against version 6's 1.609 ms): 99% tensor-pipe issue against 88.6%; 114.6 M instructions against 216.5 M; its
 // consumers find the next stage loaded (735 slow-path waits in 1.5 M k-blocks, against 2.0 M retries in 1.4 M for

@@ -18,6 +18,9 @@
 //     forward's), which with recomputation replaces the trainer's separate rmsnorm_forward pass (one read of x saved).
 //     H100 (session 20, one run): 0.1556 ms against version 3's 0.1367 and the plain forward's 0.0612 in the same
 //     run, so 0.042 ms less per recomputed norm than backward + forward (32 in a 1B step: about 1.35 ms).
+//     Tried after it, not kept: a whole row per warp (bf16, C <= 2048: a lane's 8 packs of dout, x and dinp loaded
+//     together, dout and x kept for pass 2; the same bits): 255 registers, 2 blocks per SM, 0.1585 / 0.1611 ms
+//     against version 4's 0.1554 / 0.1547 in the same two runs.
 // H100, N = 16384, C = 2048 (a 1B layer), ms and GB/s counting the minimum traffic:
 //   bf16 forward 0.073 (1840) -> 0.066 (2045); fused residual forward 0.121 (2225) -> 0.101 (2650);
 //        backward 0.200 (1340) -> 0.145 (1850) -> 0.137 (1965)
