@@ -8,6 +8,7 @@
 #                             (built in temporary directories: the binaries here are left alone)
 #   make run                  the main job (needs a GPU): tinyshakespeare shards, a small model from scratch, a loss plot
 #   make finetune MODEL=path  fine-tune a model on the shipped chat set (dev/data/chat), val loss, a sample answer
+#   make dev/kernel_trace.so  a CUPTI tracer of the GPU timeline (dev/kernel_trace.cpp)
 #
 # Variables: PRECISION=BF16|FP32, GPU_COMPUTE_CAPABILITY (default: read from nvidia-smi, else 90), NO_OMP=1,
 # LLAMA3_TOKENIZER / TINYSHAKESPEARE_TXT (another tokenizer.model or corpus than the repo's dev/data/llama3/tokenizer.model
@@ -120,6 +121,11 @@ train_llama3cu: train_llama3.cu $(HEADERS) .precision_$(PRECISION) .use_mpi_$(US
 
 test_llama3cu: test_llama3.cu train_llama3.cu $(HEADERS) .precision_$(PRECISION)
 	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LIBS) -o $@
+
+# The GPU timeline tracer (CUPTI, preloaded into any CUDA program; see the file's header).
+dev/kernel_trace.so: dev/kernel_trace.cpp
+	$(CXX) $(CXXFLAGS) -shared -fPIC -I$(CUDA_HOME)/include $< -o $@ -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcupti \
+	    -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib
 
 # CPU tests always; the GPU tests (dev/test/*_gpu.py) skip themselves when no GPU is present. Where nvcc is, the
 # trainer is built (as `make` would) for the flag and file checks of test_reliability.py; the GPU tests build their

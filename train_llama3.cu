@@ -261,6 +261,14 @@ struct Llama3 {
     bool overwrite_grads = false;      // zero_grad not yet followed by a backward: it overwrites instead of adding
     cudaStream_t stream = 0;
     std::vector<int> host_inputs;
+    // Pinned host staging: the batch's upload (two slots of inputs | targets, alternating between forwards, each
+    // reused once the copy from it is done) and the per-row losses (a slot per micro-batch of the step), so neither
+    // copy waits for the host nor makes the host wait for the GPU mid-step.
+    PinnedBuffer<int> host_batch;
+    cudaEvent_t batch_uploaded[2] = {nullptr, nullptr};
+    int upload_slot = 0;
+    PinnedBuffer<float> host_losses, host_norm;
+    cudaEvent_t losses_staged = nullptr;
     Profiler profiler;
 
     bool sharded() const { return zero_stage >= 1; }
@@ -383,8 +391,8 @@ struct Llama3 {
     }
 
     // Activations for batches of up to B x T; the classifier works on chunks of rows so the (rows, V) logits never
-    // exist for the whole batch.
-    void allocate_activations(int batch, int seq_len) {
+    // exist for the whole batch. loss_slots: micro-batches per step, each staging its losses (stage_losses).
+    void allocate_activations(int batch, int seq_len, int loss_slots = 1) {
         B = batch;
         T = seq_len;
         const Llama3Config& c = config;
@@ -428,6 +436,12 @@ struct Llama3 {
         a.inputs = DeviceBuffer<int>(N);
         a.targets = DeviceBuffer<int>(N);
         embedding_plan.allocate((int)N, c.vocab_size);
+        host_batch = PinnedBuffer<int>(2 * 2 * N);
+        for (cudaEvent_t* e : {&batch_uploaded[0], &batch_uploaded[1], &losses_staged}) {
+            if (*e == nullptr) cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+        }
+        host_losses = PinnedBuffer<float>((size_t)loss_slots * N);
+        host_norm = PinnedBuffer<float>(1);
     }
 
     // Layer l's slice of a per-layer activation, or the single slice a recomputed buffer holds.
@@ -447,8 +461,16 @@ struct Llama3 {
         Activations& a = acts;
         Profiler& prof = profiler;
         host_inputs.assign(inputs, inputs + N);
-        cudaCheck(cudaMemcpyAsync(a.inputs.ptr, inputs, N * sizeof(int), cudaMemcpyHostToDevice, stream));
-        if (targets) cudaCheck(cudaMemcpyAsync(a.targets.ptr, targets, N * sizeof(int), cudaMemcpyHostToDevice, stream));
+        int* staged = host_batch.ptr + (size_t)upload_slot * 2 * B * T;
+        cudaCheck(cudaEventSynchronize(batch_uploaded[upload_slot]));  // the copy from this slot two calls ago
+        memcpy(staged, inputs, N * sizeof(int));
+        cudaCheck(cudaMemcpyAsync(a.inputs.ptr, staged, N * sizeof(int), cudaMemcpyHostToDevice, stream));
+        if (targets) {
+            memcpy(staged + N, targets, N * sizeof(int));
+            cudaCheck(cudaMemcpyAsync(a.targets.ptr, staged + N, N * sizeof(int), cudaMemcpyHostToDevice, stream));
+        }
+        cudaCheck(cudaEventRecord(batch_uploaded[upload_slot], stream));
+        upload_slot ^= 1;
 
         prof.begin("fwd embedding + norm");
         wait_params_gathered(0);
@@ -524,16 +546,25 @@ struct Llama3 {
         }
     }
 
-    // Sum of the N per-row losses of the last forward on this rank (masked rows hold 0), summed on the host in a
-    // fixed order: deterministic. The mean loss is this sum over the number of targets that count (count_targets).
-    double loss_sum(int N) {
-        std::vector<float> losses(N);
-        stream_sync(stream);  // first: a copy to pageable memory would block without the collective timeout
-        cudaCheck(cudaMemcpyAsync(losses.data(), acts.losses.ptr, N * sizeof(float), cudaMemcpyDeviceToHost, stream));
-        stream_sync(stream);
+    // The N per-row losses of the last forward on this rank (masked rows hold 0), queued for copying to slot `slot`
+    // of the pinned staging; staged_loss_sum reads them once event_sync(losses_staged) has returned. A training
+    // step stages each micro-batch's losses and sums them while the GPU computes the gradient norm.
+    void stage_losses(int slot, int N) {
+        cudaCheck(cudaMemcpyAsync(host_losses.ptr + (size_t)slot * N, acts.losses.ptr, N * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaEventRecord(losses_staged, stream));
+    }
+    // Their sum, on the host in a fixed order: deterministic. The mean loss is this sum over the number of targets
+    // that count (count_targets).
+    double staged_loss_sum(int slot, int N) const {
         double sum = 0.0;
-        for (float x : losses) sum += x;
+        for (int i = 0; i < N; i++) sum += host_losses.ptr[(size_t)slot * N + i];
         return sum;
+    }
+    double loss_sum(int N) {
+        stage_losses(0, N);
+        event_sync(losses_staged);
+        return staged_loss_sum(0, N);
     }
 
     // Where the backward writes gradients. head_grads: tok_embedding, final_norm and lm_head; layer_grads(l): the
@@ -689,7 +720,12 @@ struct Llama3 {
 
     // Global gradient norm (before clipping), over the summed gradients: this rank's whole buffer, or with a sharded
     // optimizer the ranks' shards, whose partial sums are added over the ranks (the same total on every rank).
+    // queue_grad_norm enqueues it and its copy to the host, read_grad_norm waits for it: the host can work between.
     float grad_norm() {
+        queue_grad_norm();
+        return read_grad_norm();
+    }
+    void queue_grad_norm() {
         ProfileScope scope(profiler, "grad norm");
         if (sharded()) {
             global_norm_squared(acts.norm_partials.ptr, grad_shard.ptr, optimizer.count, 0, stream);
@@ -698,11 +734,11 @@ struct Llama3 {
             global_norm_squared(acts.norm_partials.ptr, grads.ptr, num_params, 0, stream);
         }
         global_norm_finish(acts.norm_value.ptr, acts.norm_partials.ptr, 1, stream);
-        float norm;
+        cudaCheck(cudaMemcpyAsync(host_norm.ptr, acts.norm_value.ptr, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    }
+    float read_grad_norm() {
         stream_sync(stream);
-        cudaCheck(cudaMemcpyAsync(&norm, acts.norm_value.ptr, sizeof(float), cudaMemcpyDeviceToHost, stream));
-        stream_sync(stream);
-        return norm;
+        return *host_norm.ptr;
     }
 
     // One AdamW step (step is 1-based) with the gradients scaled by grad_scale; no weight decay on the gains.
@@ -1357,7 +1393,7 @@ int main(int argc, char** argv) {
         printf("resumed from %s at step %d\n", step_path(out_dir, "state", start_step).c_str(), start_step);
     }
 
-    model.allocate_activations(opt.B, opt.T);
+    model.allocate_activations(opt.B, opt.T, grad_accum);
     ScheduleType schedule_type;
     parse_schedule(opt.schedule, &schedule_type);
     LRSchedule schedule{schedule_type, opt.lr, opt.warmup, max_steps, opt.final_fraction};
@@ -1441,13 +1477,19 @@ int main(int argc, char** argv) {
             // stage 2 every micro-batch into the gradient shard
             bool reduce = mg.world > 1 && (model.zero_stage == 2 || micro == grad_accum - 1);
             model.backward(opt.B, opt.T, reduce, model.zero_stage == 2 && micro > 0);
-            loss_sum += model.loss_sum(opt.B * opt.T);
+            model.stage_losses(micro, opt.B * opt.T);
+        }
+        bool all_masked = step_targets == 0;
+        float norm = 0.0f;
+        if (!all_masked) {
+            model.queue_grad_norm();
+            event_sync(model.losses_staged);  // the losses are on the host while the GPU computes the norm
+            for (int micro = 0; micro < grad_accum; micro++) loss_sum += model.staged_loss_sum(micro, opt.B * opt.T);
+            norm = model.read_grad_norm();
         }
         loss_sum = all_reduce_sum(loss_sum, model.reduce_scratch.ptr, model.stream);
-        bool all_masked = step_targets == 0;
         float loss = all_masked ? NAN : (float)(loss_sum / step_targets);
         if (fault_requested("nan " + std::to_string(step))) loss = NAN;  // test hook (llmc/fault.h)
-        float norm = all_masked ? 0.0f : model.grad_norm();
         // a non-finite loss or norm: no update (llmc/nonfinite.h); a step with nothing to learn is no divergence
         bool apply = !all_masked && guard.accept(loss, norm);
         if (all_masked) {

@@ -130,6 +130,22 @@ inline bool sm90a_kernel_runs(Kernel kernel, PerDeviceFlag& cache) {
     return cache.value;
 }
 
+// RAII pinned (page-locked) host buffer: copies from and to it are truly asynchronous.
+template <typename T>
+struct PinnedBuffer {
+    T* ptr = nullptr;
+    size_t count = 0;
+    PinnedBuffer() = default;
+    explicit PinnedBuffer(size_t n) : count(n) { cudaCheck(cudaMallocHost(&ptr, n * sizeof(T))); }
+    PinnedBuffer(const PinnedBuffer&) = delete;
+    PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+    PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+        if (this != &o) { if (ptr) cudaFreeHost(ptr); ptr = o.ptr; count = o.count; o.ptr = nullptr; o.count = 0; }
+        return *this;
+    }
+    ~PinnedBuffer() { if (ptr) cudaFreeHost(ptr); }
+};
+
 // RAII device buffer: freed when it goes out of scope.
 template <typename T>
 struct DeviceBuffer {

@@ -153,15 +153,17 @@ inline void multi_gpu_finish() {
 #endif
 }
 
-// cudaStreamSynchronize that gives up on a collective that never finishes: after timeout_s it aborts the NCCL
-// communicator and the job, naming this rank. With one rank it is the plain synchronize.
-inline void stream_sync(cudaStream_t stream) {
+// Polls query() (cudaStreamQuery or cudaEventQuery) until the work it asks about is done, giving up on a collective
+// that never finishes: after timeout_s it aborts the NCCL communicator and the job, naming this rank. Without a
+// communicator it returns at once (the caller's plain synchronize then waits).
+template <typename Query>
+inline void wait_for_collectives(Query query) {
 #if defined(USE_MPI)
     MultiGpu& mg = g_multi_gpu;
     if (mg.comm != nullptr) {
         auto start = std::chrono::steady_clock::now();
         for (;;) {
-            cudaError_t err = cudaStreamQuery(stream);
+            cudaError_t err = query();
             if (err == cudaSuccess) return;
             if (err != cudaErrorNotReady) cudaCheck(err);
             ncclResult_t async_err;
@@ -178,8 +180,19 @@ inline void stream_sync(cudaStream_t stream) {
             std::this_thread::sleep_for(std::chrono::microseconds(waited < 1.0 ? 20 : 1000));
         }
     }
+#else
+    (void)query;
 #endif
+}
+
+// cudaStreamSynchronize and cudaEventSynchronize with the collective timeout (wait_for_collectives).
+inline void stream_sync(cudaStream_t stream) {
+    wait_for_collectives([&] { return cudaStreamQuery(stream); });
     cudaCheck(cudaStreamSynchronize(stream));
+}
+inline void event_sync(cudaEvent_t event) {
+    wait_for_collectives([&] { return cudaEventQuery(event); });
+    cudaCheck(cudaEventSynchronize(event));
 }
 
 // The sum over ranks of a host value, the same on every rank (fixed order). `scratch`: one device double.

@@ -160,7 +160,10 @@ inline size_t rmsnorm_backward_scratch_floats(int N, int C) { return (size_t)rms
 // Pass 1: dot = sum_c dout*weight*x, so mean_c(dxhat*xhat) = rstd * dot / C. Pass 2: dinp += dx, with the segment's
 // dinp loads issued together, and dout * xhat added into the warp's own fp32 row of shared memory (each element
 // always by the same lane, so no synchronisation until the end). Then the warps' rows are added in warp order into
-// scratch[chunk]. OUT: pass 2 also writes out = x * rstd * weight, the forward's expression in the forward's order
+// scratch[chunk].
+// The shared row and scratch hold column c at slot (c % VEC) * (C / VEC) + c / VEC: a lane owns VEC consecutive
+// columns, so in column order the 32 lanes' j-th columns would be VEC floats apart and share banks (8-way in bf16);
+// in slot order they are consecutive floats. OUT: pass 2 also writes out = x * rstd * weight, the forward's expression in the forward's order
 // (rstd is the forward's r), so bit-identical to it; a template flag keeps the test out of the loop.
 template <int VEC, bool OUT>
 __global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
@@ -174,7 +177,7 @@ __global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
         for (int k = 0; k < RMSNORM_BACKWARD_PACKS; k++) {
             int c = seg + (k * 32 + lane) * VEC;
             if (c < C)
-                for (int j = 0; j < VEC; j++) my_dweight[c + j] = 0.0f;
+                for (int j = 0; j < VEC; j++) my_dweight[j * (C / VEC) + c / VEC] = 0.0f;
         }
     }
     int row_end = min(N, (blockIdx.x + 1) * rows_per_chunk);
@@ -209,7 +212,7 @@ __global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
                 for (int j = 0; j < VEC; j++) {
                     float gj = to_float(g[k].v[j]), xj = to_float(x[k].v[j]);
                     d[k].v[j] = from_float<floatX>(to_float(d[k].v[j]) + r * (gj * to_float(w.v[j]) - xj * r * mean));
-                    my_dweight[c + j] += gj * (xj * r);
+                    my_dweight[j * (C / VEC) + c / VEC] += gj * (xj * r);
                     // the output takes x's register once xj holds it (the forward's expression and order)
                     if constexpr (OUT) x[k].v[j] = from_float<floatX>(xj * r * to_float(w.v[j]));
                 }
@@ -219,29 +222,31 @@ __global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
         }
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    for (int slot = threadIdx.x; slot < C; slot += blockDim.x) {
         float sum = 0.0f;
-        for (int w = 0; w < RMSNORM_BACKWARD_WARPS; w++) sum += warp_dweight[(size_t)w * C + c];
-        scratch[(size_t)blockIdx.x * C + c] = sum;
+        for (int w = 0; w < RMSNORM_BACKWARD_WARPS; w++) sum += warp_dweight[(size_t)w * C + slot];
+        scratch[(size_t)blockIdx.x * C + slot] = sum;
     }
 }
 
-// dweight[c] += (or with accumulate = false, =) the sum of scratch[chunk, c] over the chunks. Block (32 columns) x
+// dweight[c] += (or with accumulate = false, =) the sum over the chunks of column c's partial, which scratch[chunk]
+// holds at slot (c % vec) * (C / vec) + c / vec (vec = 1: column order). Block (32 slots) x
 // (8 chunk groups): thread y sums chunks y, y + 8, ... in ascending order, then thread y = 0 adds the 8 group sums in
 // order y = 0..7. The order is fixed by N alone, so the result is bit-identical run to run; splitting each column
 // over 8 threads keeps the chain of dependent loads short (up to 64 instead of 512).
 constexpr int RMSNORM_REDUCE_GROUPS = 8;
 __global__ void rmsnorm_backward_dweight_reduce_kernel(floatX* dweight, const float* scratch, int n_chunks, int C,
-                                                       bool accumulate) {
+                                                       int vec, bool accumulate) {
     __shared__ float group_sums[RMSNORM_REDUCE_GROUPS][32];
-    int c = blockIdx.x * 32 + threadIdx.x;
+    int slot = blockIdx.x * 32 + threadIdx.x;
+    int c = slot % (C / vec) * vec + slot / (C / vec);
     float sum = 0.0f;
-    if (c < C) {
-        for (int k = threadIdx.y; k < n_chunks; k += RMSNORM_REDUCE_GROUPS) sum += scratch[(size_t)k * C + c];
+    if (slot < C) {
+        for (int k = threadIdx.y; k < n_chunks; k += RMSNORM_REDUCE_GROUPS) sum += scratch[(size_t)k * C + slot];
     }
     group_sums[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
+    if (threadIdx.y == 0 && slot < C) {
         float total = 0.0f;
         for (int y = 0; y < RMSNORM_REDUCE_GROUPS; y++) total += group_sums[y][threadIdx.x];
         dweight[c] = from_float<floatX>(accumulate ? to_float(dweight[c]) + total : total);
@@ -299,6 +304,7 @@ inline void rmsnorm_backward(floatX* dinp, floatX* dweight, float* scratch, floa
     }
     dim3 reduce_block(32, RMSNORM_REDUCE_GROUPS);
     rmsnorm_backward_dweight_reduce_kernel<<<ceil_div(C, 32), reduce_block, 0, stream>>>(dweight, scratch, n_chunks,
-                                                                                          C, accumulate);
+                                                                                          C, vec ? VEC16 : 1,
+                                                                                          accumulate);
     cudaCheckLaunch();
 }

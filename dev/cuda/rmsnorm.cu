@@ -21,9 +21,19 @@
 //     Tried after it, not kept: a whole row per warp (bf16, C <= 2048: a lane's 8 packs of dout, x and dinp loaded
 //     together, dout and x kept for pass 2; the same bits): 255 registers, 2 blocks per SM, 0.1585 / 0.1611 ms
 //     against version 4's 0.1554 / 0.1547 in the same two runs.
+//   backward 5: version 4 with the warps' partial dweight rows (and scratch) in slot order, column c at
+//     (c % VEC) * (C / VEC) + c / VEC. A lane owns VEC consecutive columns, so in column order a warp's 32 adds of
+//     its j-th columns were VEC floats apart: 8-way bank conflicts in bf16 (4-way in fp32), two shared accesses per
+//     element. In slot order they are 32 consecutive floats. The reduction kernel maps slots back to columns. The
+//     same sums in the same order: dinp, dweight and out bit-identical to version 4's (checked on every case).
+//     H100 (session 21), in the same runs: bf16 0.1447 / 0.1448 ms against version 4's 0.1556 / 0.1550 (7%; the
+//     plain backward without out, in an earlier build of this layout, five runs alternating with the old one:
+//     0.1194-0.1217 in four and 0.1361 in the first, against 0.1365-0.1381); fp32 0.3434 against 0.3435
+//     (unchanged). With the new layout, 8 warps per block or 4 packs per segment were no better: 0.1214-0.1218 and
+//     0.1341-0.1349 ms against 4 warps and 2 packs' 0.1198-0.1212 (backward without out, two runs).
 // H100, N = 16384, C = 2048 (a 1B layer), ms and GB/s counting the minimum traffic:
 //   bf16 forward 0.073 (1840) -> 0.066 (2045); fused residual forward 0.121 (2225) -> 0.101 (2650);
-//        backward 0.200 (1340) -> 0.145 (1850) -> 0.137 (1965)
+//        backward 0.200 (1340) -> 0.145 (1850) -> 0.137 (1965); with out: 0.155 (2160) -> 0.145 (2320)
 //   fp32 forward 0.145 (1845) -> 0.104 (2570); fused residual forward 0.241 (2230) -> 0.194 (2763);
 //        backward 0.378 (1420) -> 0.281 (1911) -> 0.279 (1927)
 // In the 1B step (33 backward and 65 forward calls) that is about 2.9 ms of kernel time (before backward 4 took
@@ -169,7 +179,7 @@ inline void rmsnorm_backward_v1(floatX* dinp, floatX* dweight, float* scratch, c
         cudaCheckLaunch();
     }
     dim3 block(32, RMSNORM_REDUCE_GROUPS);
-    rmsnorm_backward_dweight_reduce_kernel<<<ceil_div(C, 32), block, 0, stream>>>(dweight, scratch, n_chunks, C,
+    rmsnorm_backward_dweight_reduce_kernel<<<ceil_div(C, 32), block, 0, stream>>>(dweight, scratch, n_chunks, C, 1,
                                                                                    true);
     cudaCheckLaunch();
 }
@@ -241,7 +251,102 @@ static void rmsnorm_backward_v2(floatX* dinp, floatX* dweight, float* scratch, c
     else launch_backward_v2<1>(dinp, scratch, dout, inp, weight, rstd, N, C);
     dim3 block(32, RMSNORM_REDUCE_GROUPS);
     rmsnorm_backward_dweight_reduce_kernel<<<ceil_div(C, 32), block>>>(dweight, scratch,
-                                                                        rmsnorm_backward_chunks(N), C, true);
+                                                                        rmsnorm_backward_chunks(N), C, 1, true);
+    cudaCheckLaunch();
+}
+
+// ------------------------------------------------------------------------------------------------ backward version 4
+// llmc's kernel before version 5: the same passes, with the warps' partial dweight rows in column order, so a warp's
+// j-th adds hit shared memory VEC floats apart (8-way bank conflicts in bf16). Version 3 is this kernel without out.
+
+template <int VEC, bool OUT>
+__global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
+    rmsnorm_backward_kernel_v4(floatX* dinp, float* scratch, floatX* out, const floatX* dout, const floatX* inp,
+                            const floatX* weight, const float* rstd, int N, int C, int rows_per_chunk) {
+    constexpr int SEGMENT = 32 * VEC * RMSNORM_BACKWARD_PACKS;
+    extern __shared__ float warp_dweight[];  // (RMSNORM_BACKWARD_WARPS, C)
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float* my_dweight = warp_dweight + (size_t)warp * C;
+    for (int seg = 0; seg < C; seg += SEGMENT) {
+        for (int k = 0; k < RMSNORM_BACKWARD_PACKS; k++) {
+            int c = seg + (k * 32 + lane) * VEC;
+            if (c < C)
+                for (int j = 0; j < VEC; j++) my_dweight[c + j] = 0.0f;
+        }
+    }
+    int row_end = min(N, (blockIdx.x + 1) * rows_per_chunk);
+    for (int row = blockIdx.x * rows_per_chunk + warp; row < row_end; row += RMSNORM_BACKWARD_WARPS) {
+        size_t off = (size_t)row * C;
+        float dot = 0.0f;
+        for (int seg = 0; seg < C; seg += SEGMENT) {
+            RmsnormPack<VEC> g[RMSNORM_BACKWARD_PACKS], x[RMSNORM_BACKWARD_PACKS];
+            rmsnorm_load_segment(g, dout + off, seg, lane, C);
+            rmsnorm_load_segment(x, inp + off, seg, lane, C);
+#pragma unroll
+            for (int k = 0; k < RMSNORM_BACKWARD_PACKS; k++) {
+                int c = seg + (k * 32 + lane) * VEC;
+                if (c >= C) continue;
+                RmsnormPack<VEC> w = rmsnorm_load<VEC>(weight + c);
+                for (int j = 0; j < VEC; j++) dot += to_float(g[k].v[j]) * to_float(w.v[j]) * to_float(x[k].v[j]);
+            }
+        }
+        dot = warp_reduce_sum(dot);
+        float r = rstd[row];
+        float mean = r * dot / (float)C;  // mean_c(dxhat * xhat)
+        for (int seg = 0; seg < C; seg += SEGMENT) {
+            RmsnormPack<VEC> g[RMSNORM_BACKWARD_PACKS], x[RMSNORM_BACKWARD_PACKS], d[RMSNORM_BACKWARD_PACKS];
+            rmsnorm_load_segment(d, dinp + off, seg, lane, C);
+            rmsnorm_load_segment(g, dout + off, seg, lane, C);
+            rmsnorm_load_segment(x, inp + off, seg, lane, C);
+#pragma unroll
+            for (int k = 0; k < RMSNORM_BACKWARD_PACKS; k++) {
+                int c = seg + (k * 32 + lane) * VEC;
+                if (c >= C) continue;
+                RmsnormPack<VEC> w = rmsnorm_load<VEC>(weight + c);
+                for (int j = 0; j < VEC; j++) {
+                    float gj = to_float(g[k].v[j]), xj = to_float(x[k].v[j]);
+                    d[k].v[j] = from_float<floatX>(to_float(d[k].v[j]) + r * (gj * to_float(w.v[j]) - xj * r * mean));
+                    my_dweight[c + j] += gj * (xj * r);
+                    // the output takes x's register once xj holds it (the forward's expression and order)
+                    if constexpr (OUT) x[k].v[j] = from_float<floatX>(xj * r * to_float(w.v[j]));
+                }
+                rmsnorm_store<VEC>(dinp + off + c, d[k]);
+                if constexpr (OUT) rmsnorm_store<VEC>(out + off + c, x[k]);
+            }
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float sum = 0.0f;
+        for (int w = 0; w < RMSNORM_BACKWARD_WARPS; w++) sum += warp_dweight[(size_t)w * C + c];
+        scratch[(size_t)blockIdx.x * C + c] = sum;
+    }
+}
+
+template <int VEC, bool OUT>
+static void launch_backward_v4(floatX* dinp, float* scratch, floatX* out, const floatX* dout, const floatX* inp,
+                               const floatX* weight, const float* rstd, int N, int C) {
+    size_t smem = (size_t)RMSNORM_BACKWARD_WARPS * C * sizeof(float);
+    cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel_v4<VEC, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem));
+    rmsnorm_backward_kernel_v4<VEC, OUT><<<rmsnorm_backward_chunks(N), RMSNORM_BACKWARD_WARPS * 32, smem>>>(
+        dinp, scratch, out, dout, inp, weight, rstd, N, C, rmsnorm_backward_rows_per_chunk(N));
+    cudaCheckLaunch();
+}
+
+static void rmsnorm_backward_v4(floatX* dinp, floatX* dweight, float* scratch, floatX* out, const floatX* dout,
+                                const floatX* inp, const floatX* weight, const float* rstd, int N, int C) {
+    bool vec = rmsnorm_vec_ok(C, dinp, dout, inp, weight, out);
+    if (out != nullptr) {
+        if (vec) launch_backward_v4<VEC16, true>(dinp, scratch, out, dout, inp, weight, rstd, N, C);
+        else launch_backward_v4<1, true>(dinp, scratch, out, dout, inp, weight, rstd, N, C);
+    } else {
+        if (vec) launch_backward_v4<VEC16, false>(dinp, scratch, out, dout, inp, weight, rstd, N, C);
+        else launch_backward_v4<1, false>(dinp, scratch, out, dout, inp, weight, rstd, N, C);
+    }
+    dim3 block(32, RMSNORM_REDUCE_GROUPS);
+    rmsnorm_backward_dweight_reduce_kernel<<<ceil_div(C, 32), block>>>(dweight, scratch, rmsnorm_backward_chunks(N),
+                                                                        C, 1, true);
     cudaCheckLaunch();
 }
 
@@ -250,15 +355,17 @@ static size_t scratch_floats_any(int N, int C) {
     return std::max(rmsnorm_backward_scratch_floats(N, C), (size_t)ceil_div(N, std::max(32, ceil_div(N, 256))) * C);
 }
 
-// backward versions 3 and 4 = llmc/rmsnorm.cuh without and with out (written by version 4 only)
-constexpr int BACKWARD_VERSIONS = 4;
+// backward versions 3 and 4: version 4's kernel without and with out; version 5 = llmc/rmsnorm.cuh with out (out is
+// written by versions 4 and 5 only)
+constexpr int BACKWARD_VERSIONS = 5;
 static void backward_version(int version, floatX* dinp, floatX* dweight, float* scratch, floatX* out,
                              const floatX* dout, const floatX* inp, const floatX* weight, const float* rstd, int N,
                              int C) {
     if (version == 1) rmsnorm_backward_v1(dinp, dweight, scratch, dout, inp, weight, rstd, N, C, 0);
     else if (version == 2) rmsnorm_backward_v2(dinp, dweight, scratch, dout, inp, weight, rstd, N, C);
-    else rmsnorm_backward(dinp, dweight, scratch, version == 4 ? out : nullptr, dout, inp, weight, rstd, N, C, true,
-                          0);
+    else if (version <= 4) rmsnorm_backward_v4(dinp, dweight, scratch, version == 4 ? out : nullptr, dout, inp, weight,
+                                              rstd, N, C);
+    else rmsnorm_backward(dinp, dweight, scratch, out, dout, inp, weight, rstd, N, C, true, 0);
 }
 
 // forward version 2 = llmc/rmsnorm.cuh
@@ -330,7 +437,7 @@ static void test_case(int N, int C, uint64_t seed) {
     }
 
     // backward, using the GPU's rstd from the plain forward (what the trainer saves); d_out keeps that forward's
-    // output, which version 4 must write again bit for bit
+    // output, which versions 4 and 5 must write again bit for bit
     rmsnorm_forward(d_out, d_rstd, d_a, d_w, N, C, eps, 0);
     std::vector<float> rstd_gpu = host_from_device(d_rstd, N);
     std::vector<float> ref_dinp = dinp0, ref_dw = dw0;
@@ -338,7 +445,7 @@ static void test_case(int N, int C, uint64_t seed) {
     size_t scratch_floats = scratch_floats_any(N, C);
     float* d_scratch;
     cudaCheck(cudaMalloc(&d_scratch, scratch_floats * sizeof(float)));
-    floatX *d_bout, *d_dinp3 = nullptr, *d_dw3 = nullptr;  // version 4's out; version 3's results, to compare with 4
+    floatX *d_bout, *d_dinp3 = nullptr, *d_dw3 = nullptr;  // out; version 3's results, to compare with 4 and 5
     cudaCheck(cudaMalloc(&d_bout, NC * sizeof(floatX)));
     for (int version = 1; version <= BACKWARD_VERSIONS; version++) {
         printf("backward version %d\n", version);
@@ -356,9 +463,9 @@ static void test_case(int N, int C, uint64_t seed) {
         validate("backward dweight (accumulate)", host_from_device(d_dw[0], C), ref_dw);
         validate_bitwise("dinp determinism", d_dinp[0], d_dinp[1], NC);
         validate_bitwise("dweight determinism", d_dw[0], d_dw[1], C);
-        if (version == 4) {
+        if (version >= 4) {
             // the second run's out (the first's was poisoned again): bit-identical to the forward's output, and
-            // writing it changes nothing else
+            // neither writing it nor version 5's layout changes anything else
             validate_bitwise("out = forward's out", d_bout, d_out, NC);
             validate_bitwise("dinp = version 3's", d_dinp[0], d_dinp3, NC);
             validate_bitwise("dweight = version 3's", d_dw[0], d_dw3, C);
@@ -368,7 +475,7 @@ static void test_case(int N, int C, uint64_t seed) {
             d_dw3 = d_dw[0];
         }
         for (int k = 0; k < 2; k++) {
-            if (version == 3 && k == 0) continue;  // kept for version 4
+            if (version == 3 && k == 0) continue;  // kept for versions 4 and 5
             cudaCheck(cudaFree(d_dinp[k]));
             cudaCheck(cudaFree(d_dw[k]));
         }
@@ -436,14 +543,14 @@ int main(int argc, char** argv) {
         snprintf(name, sizeof(name), "fused residual forward version %d", version);
         report_bandwidth(name, ms, 4 * row_bytes + N * 4.0);
     }
-    // minimum traffic: read dout, inp, dinp; write dinp, and out in version 4 (version 1's dweight pass re-reads
+    // minimum traffic: read dout, inp, dinp; write dinp, and out in versions 4 and 5 (version 1's dweight pass re-reads
     // dout and inp, counted as 0)
     for (int version = 1; version <= BACKWARD_VERSIONS; version++) {
         ms = benchmark_ms(20, [&] {
             backward_version(version, d_dinp, d_dw, d_scratch, d_out, d_g, d_x, d_w, d_rstd, N, C);
         });
-        snprintf(name, sizeof(name), version == 4 ? "backward version %d (+ out)" : "backward version %d", version);
-        report_bandwidth(name, ms, (version == 4 ? 5 : 4) * row_bytes + N * 4.0);
+        snprintf(name, sizeof(name), version >= 4 ? "backward version %d (+ out)" : "backward version %d", version);
+        report_bandwidth(name, ms, (version >= 4 ? 5 : 4) * row_bytes + N * 4.0);
     }
 
     for (void* p : {(void*)d_x, (void*)d_y, (void*)d_w, (void*)d_g, (void*)d_out, (void*)d_res, (void*)d_dinp,
