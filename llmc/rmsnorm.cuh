@@ -163,8 +163,9 @@ inline size_t rmsnorm_backward_scratch_floats(int N, int C) { return (size_t)rms
 // scratch[chunk].
 // The shared row and scratch hold column c at slot (c % VEC) * (C / VEC) + c / VEC: a lane owns VEC consecutive
 // columns, so in column order the 32 lanes' j-th columns would be VEC floats apart and share banks (8-way in bf16);
-// in slot order they are consecutive floats. OUT: pass 2 also writes out = x * rstd * weight, the forward's expression in the forward's order
-// (rstd is the forward's r), so bit-identical to it; a template flag keeps the test out of the loop.
+// in slot order they are consecutive floats.
+// OUT: pass 2 also writes out = x * rstd * weight, the forward's expression in the forward's order (rstd is the
+// forward's r), so bit-identical to it; a template flag keeps the test out of the loop.
 template <int VEC, bool OUT>
 __global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
     rmsnorm_backward_kernel(floatX* dinp, float* scratch, floatX* out, const floatX* dout, const floatX* inp,
