@@ -58,8 +58,8 @@ def summary(ops, first, last):
     busy += run_end - run_start
     span = t1 - t0
     print(f"{steps} steps: span {span / steps / 1e6:.3f} ms, busy {busy / steps / 1e6:.3f} ms, idle "
-          f"{(span - busy) / steps / 1e6:.3f} ms per step; {len(window) / steps:.0f} operations, {len(gaps) / steps:.0f} "
-          f"gaps per step")
+          f"{(span - busy) / steps / 1e6:.3f} ms per step; {len(window) / steps:.0f} operations, "
+          f"{len(gaps) / steps:.0f} gaps per step")
     bounds = [(1e3, "< 1 us"), (2e3, "1-2 us"), (5e3, "2-5 us"), (20e3, "5-20 us"), (100e3, "20-100 us"),
               (float("inf"), ">= 100 us")]
     by_size = collections.Counter()
@@ -81,7 +81,8 @@ def summary(ops, first, last):
         per_name[name][1] += 1
     print("GPU time per step by operation:")
     for name, (total, count) in sorted(per_name.items(), key=lambda item: -item[1][0])[:40]:
-        print(f"  {total / steps / 1e6:8.3f} ms  x{count / steps:6.1f}  mean {total / count / 1e3:8.1f} us  {name[:100]}")
+        print(f"  {total / steps / 1e6:8.3f} ms  x{count / steps:6.1f}  mean {total / count / 1e3:8.1f} us  "
+              f"{name[:100]}")
 
 
 def dump(ops, step):
