@@ -79,6 +79,7 @@
 
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -348,9 +349,20 @@ __device__ __forceinline__ void wgmma_softmax_update(float (&s)[NS], float (&m)[
     }
 }
 
+// Shared memory of the forward with q_buffers Q tiles: two where they fit (a later item's Q loads while the last
+// one's epilogue stages its output through its own), else one.
+template <int HD, int STAGES, int Q_BUFFERS>
+__host__ __device__ constexpr size_t attention_forward_wgmma_smem_bytes_with() {
+    return sizeof(__nv_bfloat16) * HD * (Q_BUFFERS * WGMMA_ROWS + 2 * STAGES * WGMMA_FWD_KEYS) +
+           8 * (2 * Q_BUFFERS + 2 * STAGES) + 1024;
+}
+template <int HD, int STAGES>
+__host__ __device__ constexpr int attention_forward_wgmma_q_buffers() {
+    return attention_forward_wgmma_smem_bytes_with<HD, STAGES, 2>() <= 227 * 1024 ? 2 : 1;
+}
 template <int HD, int STAGES>
 __host__ __device__ constexpr size_t attention_forward_wgmma_smem_bytes() {
-    return sizeof(__nv_bfloat16) * HD * (WGMMA_ROWS + 2 * STAGES * WGMMA_FWD_KEYS) + 8 * (1 + 2 * STAGES) + 1024;
+    return attention_forward_wgmma_smem_bytes_with<HD, STAGES, attention_forward_wgmma_q_buffers<HD, STAGES>()>();
 }
 
 // The consumer's turn on tile k0: causal mask (diagonal tile only), online softmax update of m, l, then P (bf16 A
@@ -392,50 +404,78 @@ __device__ __forceinline__ void attention_forward_wgmma_pv(float (&o)[HD / 2],
     wgmma_commit_group();
 }
 
-// grid (B * H, ceil(T / 128)), block 384. qkv_map: qkv as the 4-D tensor (hd, head, token, batch), box
-// (64, 1, 128, 1), 128-byte swizzle (attention_qkv_tensor_map).
+// Work item w of the persistent forward: (b, h) = w % (B H), query tile q_tiles - 1 - w / (B H), so the longest
+// (last) query tiles come first.
+__device__ __forceinline__ void attention_forward_item(int w, int H, int BH, int q_tiles, int& b, int& h, int& q0) {
+    const int bh = w % BH;
+    b = bh / H;
+    h = bh % H;
+    q0 = (q_tiles - 1 - w / BH) * WGMMA_ROWS;
+}
+
+// grid: at most B * H * ceil(T / 128) (persistent: the SMs), block 384; CTA c takes work items c, c + gridDim.x, ...
+// (attention_forward_item). qkv_map: qkv as the 4-D tensor (hd, head, token, batch), box (64, 1, 128, 1), 128-byte
+// swizzle (attention_qkv_tensor_map).
 template <int HD, int STAGES, bool OVERLAP>
 __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
-    attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap qkv_map, __nv_bfloat16* out, float* lse, int T,
-                                   int H, int KV, float scale_log2) {
+    attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap qkv_map, __nv_bfloat16* out, float* lse, int B,
+                                   int T, int H, int KV, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma and setmaxnreg exist only in sm_90a code
     constexpr int BN = WGMMA_FWD_KEYS, QBYTES = WGMMA_ROWS * HD * 2, TBYTES = BN * HD * 2;  // tile sizes in bytes
+    constexpr int QBUF = attention_forward_wgmma_q_buffers<HD, STAGES>();
+    constexpr bool PERSISTENT = QBUF == 2;  // else one item per CTA (attention_forward_wgmma_launch)
     static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
     static_assert(STAGES >= 2, "at least 2 K / V stages");
     static_assert(attention_forward_wgmma_smem_bytes<HD, STAGES>() <= 227 * 1024, "stages do not fit in shared memory");
     extern __shared__ uint8_t wgmma_smem[];
     // Swizzle atoms (and TMA's swizzled destinations) start on 1024-byte boundaries: align the shared address.
     const uint32_t smem = (smem_addr(wgmma_smem) + 1023u) & ~1023u;
-    const uint32_t q_sm = smem;                       // Q (128 x HD), swizzled, HD / 64 column blocks
-    const uint32_t k_sm = q_sm + QBYTES;              // STAGES x K (BN x HD)
-    const uint32_t v_sm = k_sm + STAGES * TBYTES;     // STAGES x V (BN x HD)
-    const uint32_t q_full = v_sm + STAGES * TBYTES;   // mbarriers: q_full, full[STAGES], empty[STAGES]
-    const uint32_t full0 = q_full + 8, empty0 = full0 + 8 * STAGES;
+    const uint32_t q_sm = smem;                         // QBUF x Q (128 x HD), swizzled, HD / 64 column blocks
+    const uint32_t k_sm = q_sm + QBUF * QBYTES;         // STAGES x K (BN x HD)
+    const uint32_t v_sm = k_sm + STAGES * TBYTES;       // STAGES x V (BN x HD)
+    const uint32_t q_full0 = v_sm + STAGES * TBYTES;    // mbarriers: q_full[QBUF], q_empty[QBUF], full[STAGES],
+    const uint32_t q_empty0 = q_full0 + 8 * QBUF;       // empty[STAGES]
+    const uint32_t full0 = q_empty0 + 8 * QBUF, empty0 = full0 + 8 * STAGES;
     uint8_t* smem_ptr = wgmma_smem + (smem - smem_addr(wgmma_smem));  // generic pointer to the aligned base
+    const int q_tiles = ceil_div(T, WGMMA_ROWS), BH = B * H, n_items = BH * q_tiles;
 
-    const int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV);
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * WGMMA_ROWS;   // the longest (last) query tiles are scheduled first
-    const int n_tiles = ceil_div(min(q0 + WGMMA_ROWS, T), BN);  // causal: keys up to the CTA's last query
-
-    wgmma_init_barriers(q_full, full0, empty0, STAGES, 1);
+    if (threadIdx.x == 0) {  // the Q buffers' barriers; wgmma_init_barriers fences and publishes them with its own
+        for (int i = 0; i < QBUF; i++) {
+            if (i > 0) mbarrier_init(q_full0 + 8 * i, 1);
+            mbarrier_init(q_empty0 + 8 * i, WGMMA_CONSUMERS);
+        }
+    }
+    wgmma_init_barriers(q_full0, full0, empty0, STAGES, 1);
 
     if (threadIdx.x < 128) {  // producer warpgroup
         setmaxnreg_dec<WGMMA_PRODUCER_REGS>();
         if (threadIdx.x < 32 && elect_one_sync()) {
-            mbarrier_arrive_expect_tx(q_full, QBYTES);
-            for (int cb = 0; cb < HD / 64; cb++) {
-                tma_load_4d(q_sm + cb * (WGMMA_ROWS * 128), &qkv_map, q_full, 64 * cb, h, q0, b);
-            }
-            for (int j = 0; j < n_tiles; j++) {
-                const int s = j % STAGES, round = j / STAGES;
-                if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);  // the consumers released tile j-STAGES
-                mbarrier_arrive_expect_tx(full0 + 8 * s, 2 * TBYTES);         // K and V, all column blocks
+            int it = 0;  // K / V tiles loaded so far: tile `it` goes to stage it % STAGES in round it / STAGES
+            for (int item = blockIdx.x, i = 0; item < n_items; item += gridDim.x, i++) {
+                int b, h, q0;
+                attention_forward_item(item, H, BH, q_tiles, b, h, q0);
+                const int kvh = h / (H / KV), n_tiles = ceil_div(min(q0 + WGMMA_ROWS, T), BN);
+                auto load_kv = [&](int j) {
+                    const int s = it % STAGES, round = it / STAGES;
+                    if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);  // released by the consumers
+                    mbarrier_arrive_expect_tx(full0 + 8 * s, 2 * TBYTES);         // K and V, all column blocks
+                    for (int cb = 0; cb < HD / 64; cb++) {
+                        tma_load_4d(k_sm + s * TBYTES + cb * (BN * 128), &qkv_map, full0 + 8 * s, 64 * cb, H + kvh,
+                                    j * BN, b);
+                        tma_load_4d(v_sm + s * TBYTES + cb * (BN * 128), &qkv_map, full0 + 8 * s, 64 * cb,
+                                    H + KV + kvh, j * BN, b);
+                    }
+                    it++;
+                };
+                const int buf = i % QBUF, use = i / QBUF;
+                if (use > 0) mbarrier_wait(q_empty0 + 8 * buf, (use - 1) & 1);  // its last item's epilogue is done
+                mbarrier_arrive_expect_tx(q_full0 + 8 * buf, QBYTES);
                 for (int cb = 0; cb < HD / 64; cb++) {
-                    tma_load_4d(k_sm + s * TBYTES + cb * (BN * 128), &qkv_map, full0 + 8 * s, 64 * cb, H + kvh, j * BN,
-                                b);
-                    tma_load_4d(v_sm + s * TBYTES + cb * (BN * 128), &qkv_map, full0 + 8 * s, 64 * cb,
-                                H + KV + kvh, j * BN, b);
+                    tma_load_4d(q_sm + buf * QBYTES + cb * (WGMMA_ROWS * 128), &qkv_map, q_full0 + 8 * buf, 64 * cb,
+                                h, q0, b);
                 }
+                for (int j = 0; j < n_tiles; j++) load_kv(j);
+                if constexpr (!PERSISTENT) break;
             }
         }
         return;
@@ -445,160 +485,176 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     setmaxnreg_inc<WGMMA_CONSUMER_REGS>();
     const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, c = 2 * (lane % 4);
-    const int qwg = q0 + 64 * wg;          // the warpgroup's first query
-    const int row0 = qwg + 16 * warp + g;  // this thread's rows: row0 and row0 + 8
-
-    float o[HD / 2];  // O accumulator fragment (64 x HD per warpgroup)
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows row0, row0 + 8: running max (log2), lane sums
-#pragma unroll
-    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
-    float s[BN / 2];          // S accumulator fragment (64 x 128)
-    uint32_t p[BN / 16][4];   // P as bf16 A registers, live until its P V wgmma has been waited on
-    float alpha[2];
-    const uint64_t q_desc = wgmma_desc_kmajor(q_sm + 64 * wg * 128);  // the warpgroup's rows of Q
-    const uint64_t k_desc = wgmma_desc_kmajor(k_sm), v_desc = wgmma_desc_mnmajor(v_sm, BN);  // stage 0
     if (wg == 1) named_barrier_arrive<WGMMA_CONSUMERS>(1);  // consumer 0 issues first
-    mbarrier_wait(q_full, 0);
+    int base = 0;  // K / V tiles of the CTA's earlier items: tile j of this one is ring entry base + j
+    for (int item = blockIdx.x, i = 0; item < n_items; item += gridDim.x, i++) {
+        int b, h, q0;
+        attention_forward_item(item, H, BH, q_tiles, b, h, q0);
+        const int n_tiles = ceil_div(min(q0 + WGMMA_ROWS, T), BN);  // causal: keys up to the item's last query
+        const int buf = i % QBUF;
+        const int qwg = q0 + 64 * wg;          // the warpgroup's first query
+        const int row0 = qwg + 16 * warp + g;  // this thread's rows: row0 and row0 + 8
 
-    if constexpr (!OVERLAP) {
-        for (int j = 0; j < n_tiles; j++) {
-            const int st = j % STAGES;
-            mbarrier_wait(full0 + 8 * st, (j / STAGES) & 1);
-            named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);  // my turn to issue
-            wgmma_fence();
-            wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_desc, wgmma_desc_advance(k_desc, st * TBYTES));
-            named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);  // the other consumer's turn
-            wgmma_wait_group<0>();
-            pin_registers(s);
-            attention_forward_wgmma_softmax(s, p, m, l, alpha, j * BN, qwg, row0, c, scale_log2);
-            attention_forward_wgmma_rescale<HD>(o, alpha);
-            pin_registers(p);  // P and the rescaled O are written before the wgmma.fence
-            pin_registers(o);
-            named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
-            wgmma_fence();
-            attention_forward_wgmma_pv<HD>(o, p, wgmma_desc_advance(v_desc, st * TBYTES));
-            named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
-            wgmma_wait_group<0>();
-            pin_registers(o);
-            pin_registers(p);
-            mbarrier_arrive(empty0 + 8 * st);  // this thread's reads of the stage are done
-        }
-    } else {
-        // P_j lives in p (j even) or pb (j odd) (no register copies: ptxas serialises the wgmmas when ordinary
-        // instructions define their A registers inside the pipeline).
-        uint32_t pb[BN / 16][4];
-        // Where P_j V_j is waited for (and its stage released, O rescaled). Right after the softmax of S_{j+1}, ptxas
-        // schedules the softmax below the wait (register arithmetic moves freely past wgmma.wait_group). At hd 64
-        // the wait goes to the start of the next step, after the tile's mbarrier wait, and the softmax stays between
-        // the two waits: forward +1-4% (H100, two sessions' calls). At hd 128 that makes ptxas serialise the wgmmas
-        // (C7512: registers), and keeping the softmax ahead of the wait there by other means was 5% slower.
-        constexpr bool LATE_WAIT = HD == 64;
-        // Tile j < n_tiles - 1: S_{j+1} and P_j V_j issued together, the softmax of S_{j+1} (into p_next) while
-        // P_j V_j runs.
-        auto step = [&](int j, uint32_t(&p_cur)[BN / 16][4], uint32_t(&p_next)[BN / 16][4]) {
-            const int st = j % STAGES, nst = (j + 1) % STAGES;
-            mbarrier_wait(full0 + 8 * nst, ((j + 1) / STAGES) & 1);
-            if constexpr (LATE_WAIT) {
+        float o[HD / 2];  // O accumulator fragment (64 x HD per warpgroup)
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows row0, row0 + 8: running max (log2), sums
+#pragma unroll
+        for (int r = 0; r < HD / 2; r++) o[r] = 0.0f;
+        float s[BN / 2];          // S accumulator fragment (64 x 128)
+        uint32_t p[BN / 16][4];   // P as bf16 A registers, live until its P V wgmma has been waited on
+        float alpha[2];
+        const uint64_t q_desc = wgmma_desc_kmajor(q_sm + buf * QBYTES + 64 * wg * 128);  // the warpgroup's Q rows
+        const uint64_t k_desc = wgmma_desc_kmajor(k_sm), v_desc = wgmma_desc_mnmajor(v_sm, BN);  // stage 0
+        mbarrier_wait(q_full0 + 8 * buf, (i / QBUF) & 1);
+
+        if constexpr (!OVERLAP) {
+            for (int j = 0; j < n_tiles; j++) {
+                const int st = (base + j) % STAGES;
+                mbarrier_wait(full0 + 8 * st, ((base + j) / STAGES) & 1);
+                named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);  // my turn to issue
+                wgmma_fence();
+                wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_desc, wgmma_desc_advance(k_desc, st * TBYTES));
+                named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);  // the other consumer's turn
+                wgmma_wait_group<0>();
+                pin_registers(s);
+                attention_forward_wgmma_softmax(s, p, m, l, alpha, j * BN, qwg, row0, c, scale_log2);
+                attention_forward_wgmma_rescale<HD>(o, alpha);
+                pin_registers(p);  // P and the rescaled O are written before the wgmma.fence
+                pin_registers(o);
+                named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
+                wgmma_fence();
+                attention_forward_wgmma_pv<HD>(o, p, wgmma_desc_advance(v_desc, st * TBYTES));
+                named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
                 wgmma_wait_group<0>();
                 pin_registers(o);
-                pin_registers(p_next);
-                if (j > 0) mbarrier_arrive(empty0 + 8 * ((j - 1) % STAGES));
-                attention_forward_wgmma_rescale<HD>(o, alpha);
+                pin_registers(p);
+                mbarrier_arrive(empty0 + 8 * st);  // this thread's reads of the stage are done
             }
-            pin_registers(p_cur);
-            pin_registers(o);
-            named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
-            wgmma_fence();
-            wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_desc, wgmma_desc_advance(k_desc, nst * TBYTES));  // S_{j+1}
-            attention_forward_wgmma_pv<HD>(o, p_cur, wgmma_desc_advance(v_desc, st * TBYTES));  // P_j V_j: next group
-            named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
-            wgmma_wait_group<1>();  // groups complete in order: S_{j+1} is done, P_j V_j may still run
-            pin_registers(s);
-            attention_forward_wgmma_softmax(s, p_next, m, l, alpha, (j + 1) * BN, qwg, row0, c, scale_log2);
-            if constexpr (!LATE_WAIT) {
-                wgmma_wait_group<0>();  // P_j V_j done: O may be rescaled, P_j's registers and stage st are free
+        } else {
+            // P_j lives in p (j even) or pb (j odd) (no register copies: ptxas serialises the wgmmas when ordinary
+            // instructions define their A registers inside the pipeline).
+            uint32_t pb[BN / 16][4];
+            // Where P_j V_j is waited for (and its stage released, O rescaled). Right after the softmax of S_{j+1},
+            // ptxas schedules the softmax below the wait (register arithmetic moves freely past wgmma.wait_group). At
+            // hd 64 the wait goes to the start of the next step, after the tile's mbarrier wait, and the softmax stays
+            // between the two waits: forward +1-4% (H100, two sessions' calls). At hd 128 that makes ptxas serialise
+            // the wgmmas (C7512: registers), and keeping the softmax ahead of the wait there by other means was 5%
+            // slower.
+            constexpr bool LATE_WAIT = HD == 64;
+            // Tile j < n_tiles - 1: S_{j+1} and P_j V_j issued together, the softmax of S_{j+1} (into p_next) while
+            // P_j V_j runs.
+            auto step = [&](int j, uint32_t(&p_cur)[BN / 16][4], uint32_t(&p_next)[BN / 16][4]) {
+                const int st = (base + j) % STAGES, nst = (base + j + 1) % STAGES;
+                mbarrier_wait(full0 + 8 * nst, ((base + j + 1) / STAGES) & 1);
+                if constexpr (LATE_WAIT) {
+                    wgmma_wait_group<0>();
+                    pin_registers(o);
+                    pin_registers(p_next);
+                    if (j > 0) mbarrier_arrive(empty0 + 8 * ((base + j - 1) % STAGES));
+                    attention_forward_wgmma_rescale<HD>(o, alpha);
+                }
+                pin_registers(p_cur);
+                pin_registers(o);
+                named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
+                wgmma_fence();
+                wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_desc, wgmma_desc_advance(k_desc, nst * TBYTES));  // S_{j+1}
+                attention_forward_wgmma_pv<HD>(o, p_cur, wgmma_desc_advance(v_desc, st * TBYTES));  // P_j V_j
+                named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
+                wgmma_wait_group<1>();  // groups complete in order: S_{j+1} is done, P_j V_j may still run
+                pin_registers(s);
+                attention_forward_wgmma_softmax(s, p_next, m, l, alpha, (j + 1) * BN, qwg, row0, c, scale_log2);
+                if constexpr (!LATE_WAIT) {
+                    wgmma_wait_group<0>();  // P_j V_j done: O may be rescaled, P_j's registers and stage st are free
+                    pin_registers(o);
+                    pin_registers(p_cur);
+                    mbarrier_arrive(empty0 + 8 * st);
+                    attention_forward_wgmma_rescale<HD>(o, alpha);
+                }
+            };
+            // The last tile: P V only.
+            auto last = [&](int j, uint32_t(&p_cur)[BN / 16][4]) {
+                const int st = (base + j) % STAGES;
+                if constexpr (LATE_WAIT) {
+                    wgmma_wait_group<0>();
+                    pin_registers(o);
+                    if (j > 0) mbarrier_arrive(empty0 + 8 * ((base + j - 1) % STAGES));
+                    attention_forward_wgmma_rescale<HD>(o, alpha);
+                }
+                pin_registers(p_cur);
+                pin_registers(o);
+                named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
+                wgmma_fence();
+                attention_forward_wgmma_pv<HD>(o, p_cur, wgmma_desc_advance(v_desc, st * TBYTES));
+                named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
+                wgmma_wait_group<0>();
                 pin_registers(o);
                 pin_registers(p_cur);
                 mbarrier_arrive(empty0 + 8 * st);
-                attention_forward_wgmma_rescale<HD>(o, alpha);
-            }
-        };
-        // The last tile: P V only.
-        auto last = [&](int j, uint32_t(&p_cur)[BN / 16][4]) {
-            const int st = j % STAGES;
-            if constexpr (LATE_WAIT) {
-                wgmma_wait_group<0>();
-                pin_registers(o);
-                if (j > 0) mbarrier_arrive(empty0 + 8 * ((j - 1) % STAGES));
-                attention_forward_wgmma_rescale<HD>(o, alpha);
-            }
-            pin_registers(p_cur);
-            pin_registers(o);
+            };
+            // Prologue: S_0 and its softmax (O is zero: no rescale).
+            const int st0 = base % STAGES;
+            mbarrier_wait(full0 + 8 * st0, (base / STAGES) & 1);
             named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
             wgmma_fence();
-            attention_forward_wgmma_pv<HD>(o, p_cur, wgmma_desc_advance(v_desc, st * TBYTES));
+            wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_desc, wgmma_desc_advance(k_desc, st0 * TBYTES));
             named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
             wgmma_wait_group<0>();
-            pin_registers(o);
-            pin_registers(p_cur);
-            mbarrier_arrive(empty0 + 8 * st);
-        };
-        // Prologue: S_0 and its softmax (O is zero: no rescale).
-        mbarrier_wait(full0, 0);
-        named_barrier_sync<WGMMA_CONSUMERS>(1 + wg);
-        wgmma_fence();
-        wgmma_scores_ss<HD, WGMMA_ROWS, BN>(s, q_desc, k_desc);
-        named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
-        wgmma_wait_group<0>();
-        pin_registers(s);
-        attention_forward_wgmma_softmax(s, p, m, l, alpha, 0, qwg, row0, c, scale_log2);
-        int j = 0;
-        for (; j + 2 < n_tiles; j += 2) {
-            step(j, p, pb);
-            step(j + 1, pb, p);
+            pin_registers(s);
+            attention_forward_wgmma_softmax(s, p, m, l, alpha, 0, qwg, row0, c, scale_log2);
+            int j = 0;
+            for (; j + 2 < n_tiles; j += 2) {
+                step(j, p, pb);
+                step(j + 1, pb, p);
+            }
+            if (j + 1 < n_tiles) {
+                step(j, p, pb);
+                last(j + 1, pb);
+            } else {
+                last(j, p);
+            }
         }
-        if (j + 1 < n_tiles) {
-            step(j, p, pb);
-            last(j + 1, pb);
-        } else {
-            last(j, p);
-        }
-    }
-    if (wg == 0) named_barrier_sync<WGMMA_CONSUMERS>(1);  // consume consumer 1's last pass: no arrival left pending
+        base += n_tiles;
 
-    // Epilogue. lse, then O / l as bf16 into the warpgroup's own rows of the (dead) Q tile, then coalesced stores.
-    float inv_l[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float sum = l[r];
-        sum += __shfl_xor_sync(0xffffffff, sum, 1);
-        sum += __shfl_xor_sync(0xffffffff, sum, 2);
-        inv_l[r] = 1.0f / sum;
-        const int q = row0 + 8 * r;
-        if (lane % 4 == 0 && q < T) lse[(size_t)blockIdx.x * T + q] = (m[r] + log2f(sum)) * ATTN_LN2;
-    }
-    const int lr = 64 * wg + 16 * warp + g;  // the thread's first row inside the Q tile
-#pragma unroll
-    for (int jn = 0; jn < HD / 8; jn++) {
+        // Epilogue. lse, then O / l as bf16 into the warpgroup's own rows of the (dead) Q tile, then coalesced
+        // stores; then the buffer is released for a later item's Q.
+        float inv_l[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            *reinterpret_cast<uint32_t*>(smem_ptr + swizzle128_offset<WGMMA_ROWS>(lr + 8 * r, jn) + 2 * c) =
-                pack_bf16x2(o[4 * jn + 2 * r] * inv_l[r], o[4 * jn + 2 * r + 1] * inv_l[r]);
+            float sum = l[r];
+            sum += __shfl_xor_sync(0xffffffff, sum, 1);
+            sum += __shfl_xor_sync(0xffffffff, sum, 2);
+            inv_l[r] = 1.0f / sum;
+            const int q = row0 + 8 * r;
+            if (lane % 4 == 0 && q < T) lse[((size_t)b * H + h) * T + q] = (m[r] + log2f(sum)) * ATTN_LN2;
         }
-    }
-    named_barrier_sync<128>(3 + wg);  // the warpgroup's rows are staged
-    const size_t out_stride = (size_t)H * HD;
-    __nv_bfloat16* dst = out + (size_t)b * T * out_stride + (size_t)h * HD;
-    constexpr int CHUNKS = HD / 8;
-    const int t = threadIdx.x % 128;
+        uint8_t* staged = smem_ptr + buf * QBYTES;
+        const int lr = 64 * wg + 16 * warp + g;  // the thread's first row inside the Q tile
 #pragma unroll
-    for (int i = 0; i < 64 * CHUNKS / 128; i++) {
-        const int idx = i * 128 + t, r = idx / CHUNKS, ch = idx % CHUNKS;
-        if (qwg + r < T) {
-            *reinterpret_cast<int4*>(dst + (size_t)(qwg + r) * out_stride + 8 * ch) =
-                *reinterpret_cast<const int4*>(smem_ptr + swizzle128_offset<WGMMA_ROWS>(64 * wg + r, ch));
+        for (int jn = 0; jn < HD / 8; jn++) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                *reinterpret_cast<uint32_t*>(staged + swizzle128_offset<WGMMA_ROWS>(lr + 8 * r, jn) + 2 * c) =
+                    pack_bf16x2(o[4 * jn + 2 * r] * inv_l[r], o[4 * jn + 2 * r + 1] * inv_l[r]);
+            }
         }
+        named_barrier_sync<128>(3 + wg);  // the warpgroup's rows are staged
+        const size_t out_stride = (size_t)H * HD;
+        __nv_bfloat16* dst = out + (size_t)b * T * out_stride + (size_t)h * HD;
+        constexpr int CHUNKS = HD / 8;
+        const int t = threadIdx.x % 128;
+#pragma unroll
+        for (int r8 = 0; r8 < 64 * CHUNKS / 128; r8++) {
+            const int idx = r8 * 128 + t, r = idx / CHUNKS, ch = idx % CHUNKS;
+            if (qwg + r < T) {
+                *reinterpret_cast<int4*>(dst + (size_t)(qwg + r) * out_stride + 8 * ch) =
+                    *reinterpret_cast<const int4*>(staged + swizzle128_offset<WGMMA_ROWS>(64 * wg + r, ch));
+            }
+        }
+        // The TMA that loads a later item's Q into this buffer must come after these generic accesses.
+        fence_proxy_async_shared();
+        mbarrier_arrive(q_empty0 + 8 * buf);
+        if constexpr (!PERSISTENT) break;  // (no state carried between items: the single-item code of old)
     }
+    if (wg == 0) named_barrier_sync<WGMMA_CONSUMERS>(1);  // consume consumer 1's last pass: no arrival left pending
 #else
     // Not sm_90a code: the host never launches this (attention_forward_wgmma_config checks attention_wgmma_usable).
     __trap();
@@ -876,62 +932,88 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
 #endif
 }
 
+// Shared memory of the dQ kernel with q_buffers (Q, dO) pairs: two where they fit (a later item's Q and dO load
+// while the last one's epilogue stages its result through its own), else one.
+template <int HD, int Q_BUFFERS>
+__host__ __device__ constexpr size_t attention_backward_dq_wgmma_smem_bytes_with() {
+    constexpr int BN = wgmma_dq_keys(HD);
+    return sizeof(__nv_bfloat16) * HD * (2 * Q_BUFFERS * WGMMA_ROWS + 2 * WGMMA_DQ_STAGES * BN) +
+           8 * (2 * Q_BUFFERS + 2 * WGMMA_DQ_STAGES) + 1024;
+}
+template <int HD>
+__host__ __device__ constexpr int attention_backward_dq_wgmma_q_buffers() {
+    return attention_backward_dq_wgmma_smem_bytes_with<HD, 2>() <= 227 * 1024 ? 2 : 1;
+}
 template <int HD>
 __host__ __device__ constexpr size_t attention_backward_dq_wgmma_smem_bytes() {
-    constexpr int BN = wgmma_dq_keys(HD);
-    return sizeof(__nv_bfloat16) * HD * (2 * WGMMA_ROWS + 2 * WGMMA_DQ_STAGES * BN) + 8 * (1 + 2 * WGMMA_DQ_STAGES) +
-           1024;
+    return attention_backward_dq_wgmma_smem_bytes_with<HD, attention_backward_dq_wgmma_q_buffers<HD>()>();
 }
 
-// dQ for one (b, h, tile of 128 queries). grid (B * H, ceil(T / 128)), block 384. q_map: qkv with 128-row boxes;
-// do_map: dout with 128-row boxes; kv_map: qkv with BN-row boxes.
+// dQ for work items (b, h, tile of 128 queries), in the forward's order (attention_forward_item). grid: at most
+// B * H * ceil(T / 128) CTAs (persistent: the SMs), block 384; CTA c takes items c, c + gridDim.x, ... q_map: qkv
+// with 128-row boxes; do_map: dout with 128-row boxes; kv_map: qkv with BN-row boxes.
 template <int HD>
 __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     attention_backward_dq_wgmma_kernel(const __grid_constant__ CUtensorMap q_map,
                                        const __grid_constant__ CUtensorMap do_map,
                                        const __grid_constant__ CUtensorMap kv_map, __nv_bfloat16* dqkv,
-                                       const float* lse, const float* delta, const float* rope, int T, int H, int KV,
-                                       float scale, float scale_log2) {
+                                       const float* lse, const float* delta, const float* rope, int B, int T, int H,
+                                       int KV, float scale, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int ROWS = WGMMA_ROWS, S = WGMMA_DQ_STAGES, BN = wgmma_dq_keys(HD);
     constexpr bool AREG = wgmma_dq_q_in_registers(HD);
     constexpr int QBYTES = ROWS * HD * 2, TBYTES = BN * HD * 2;
+    constexpr int QBUF = attention_backward_dq_wgmma_q_buffers<HD>();
+    constexpr bool PERSISTENT = QBUF == 2;  // else one item per CTA
     static_assert(ROWS % BN == 0, "key tiles must tile the query tile");
     static_assert(attention_backward_dq_wgmma_smem_bytes<HD>() <= 227 * 1024, "stages do not fit in shared memory");
     extern __shared__ uint8_t wgmma_smem[];
     const uint32_t smem = (smem_addr(wgmma_smem) + 1023u) & ~1023u;
-    const uint32_t q_sm = smem;                 // Q (128 x HD), swizzled
-    const uint32_t do_sm = q_sm + QBYTES;       // dO (128 x HD)
-    const uint32_t k_sm = do_sm + QBYTES;       // S stages x K (BN x HD)
-    const uint32_t v_sm = k_sm + S * TBYTES;    // S stages x V (BN x HD)
-    const uint32_t q_full = v_sm + S * TBYTES;  // mbarriers: q_full, full[S], empty[S]
-    const uint32_t full0 = q_full + 8, empty0 = full0 + 8 * S;
+    const uint32_t q_sm = smem;                        // QBUF x [Q (128 x HD), swizzled | dO (128 x HD)]
+    const uint32_t k_sm = q_sm + QBUF * 2 * QBYTES;    // S stages x K (BN x HD)
+    const uint32_t v_sm = k_sm + S * TBYTES;           // S stages x V (BN x HD)
+    const uint32_t q_full0 = v_sm + S * TBYTES;        // mbarriers: q_full[QBUF], q_empty[QBUF], full[S], empty[S]
+    const uint32_t q_empty0 = q_full0 + 8 * QBUF;
+    const uint32_t full0 = q_empty0 + 8 * QBUF, empty0 = full0 + 8 * S;
     uint8_t* smem_ptr = wgmma_smem + (smem - smem_addr(wgmma_smem));
+    const int q_tiles = ceil_div(T, ROWS), BH = B * H, n_items = BH * q_tiles;
 
-    const int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV);
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * ROWS;  // the longest (last) query tiles are scheduled first
-    const int n_tiles = ceil_div(min(q0 + ROWS, T), BN);  // causal: keys up to the CTA's last query
-
-    wgmma_init_barriers(q_full, full0, empty0, S, 1);
+    if (threadIdx.x == 0) {  // the Q buffers' barriers; wgmma_init_barriers fences and publishes them with its own
+        for (int i = 0; i < QBUF; i++) {
+            if (i > 0) mbarrier_init(q_full0 + 8 * i, 1);
+            mbarrier_init(q_empty0 + 8 * i, WGMMA_CONSUMERS);
+        }
+    }
+    wgmma_init_barriers(q_full0, full0, empty0, S, 1);
 
     if (threadIdx.x < 128) {  // producer warpgroup
         setmaxnreg_dec<WGMMA_PRODUCER_REGS>();
         if (threadIdx.x < 32 && elect_one_sync()) {
-            mbarrier_arrive_expect_tx(q_full, 2 * QBYTES);
-            for (int cb = 0; cb < HD / 64; cb++) {
-                tma_load_4d(q_sm + cb * (ROWS * 128), &q_map, q_full, 64 * cb, h, q0, b);
-                tma_load_4d(do_sm + cb * (ROWS * 128), &do_map, q_full, 64 * cb, h, q0, b);
-            }
-            for (int j = 0; j < n_tiles; j++) {
-                const int s = j % S, round = j / S;
-                if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);
-                mbarrier_arrive_expect_tx(full0 + 8 * s, 2 * TBYTES);
+            int it = 0;  // K / V tiles loaded so far: tile `it` goes to stage it % S in round it / S
+            for (int item = blockIdx.x, i = 0; item < n_items; item += gridDim.x, i++) {
+                int b, h, q0;
+                attention_forward_item(item, H, BH, q_tiles, b, h, q0);
+                const int kvh = h / (H / KV), n_tiles = ceil_div(min(q0 + ROWS, T), BN);
+                const int buf = i % QBUF, use = i / QBUF;
+                const uint32_t qb = q_sm + buf * 2 * QBYTES, q_full = q_full0 + 8 * buf;
+                if (use > 0) mbarrier_wait(q_empty0 + 8 * buf, (use - 1) & 1);  // its last item's epilogue is done
+                mbarrier_arrive_expect_tx(q_full, 2 * QBYTES);
                 for (int cb = 0; cb < HD / 64; cb++) {
-                    tma_load_4d(k_sm + s * TBYTES + cb * (BN * 128), &kv_map, full0 + 8 * s, 64 * cb, H + kvh, j * BN,
-                                b);
-                    tma_load_4d(v_sm + s * TBYTES + cb * (BN * 128), &kv_map, full0 + 8 * s, 64 * cb, H + KV + kvh,
-                                j * BN, b);
+                    tma_load_4d(qb + cb * (ROWS * 128), &q_map, q_full, 64 * cb, h, q0, b);
+                    tma_load_4d(qb + QBYTES + cb * (ROWS * 128), &do_map, q_full, 64 * cb, h, q0, b);
                 }
+                for (int j = 0; j < n_tiles; j++, it++) {
+                    const int s = it % S, round = it / S;
+                    if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);
+                    mbarrier_arrive_expect_tx(full0 + 8 * s, 2 * TBYTES);
+                    for (int cb = 0; cb < HD / 64; cb++) {
+                        tma_load_4d(k_sm + s * TBYTES + cb * (BN * 128), &kv_map, full0 + 8 * s, 64 * cb, H + kvh,
+                                    j * BN, b);
+                        tma_load_4d(v_sm + s * TBYTES + cb * (BN * 128), &kv_map, full0 + 8 * s, 64 * cb,
+                                    H + KV + kvh, j * BN, b);
+                    }
+                }
+                if constexpr (!PERSISTENT) break;
             }
         }
         return;
@@ -943,77 +1025,91 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     const int wg = __shfl_sync(0xffffffff, (int)threadIdx.x / 128 - 1, 0);
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, c = 2 * (lane % 4);
-    const int qwg = q0 + 64 * wg;
-    const int row0 = qwg + 16 * warp + g;  // this thread's queries: row0 and row0 + 8
+    // K / V tile j of an item: stage and phase of the ring, counted rather than divided, carried across items
+    int stage = 0, phase = 0;
+    for (int item = blockIdx.x, i = 0; item < n_items; item += gridDim.x, i++) {
+        int b, h, q0;
+        attention_forward_item(item, H, BH, q_tiles, b, h, q0);
+        const int n_tiles = ceil_div(min(q0 + ROWS, T), BN);  // causal: keys up to the item's last query
+        const int buf = i % QBUF;
+        const uint32_t qb = q_sm + buf * 2 * QBYTES;
+        uint8_t* qb_ptr = smem_ptr + buf * 2 * QBYTES;
+        const int qwg = q0 + 64 * wg;
+        const int row0 = qwg + 16 * warp + g;  // this thread's queries: row0 and row0 + 8
 
-    float lse2[2], D[2];  // rows row0, row0 + 8; finite placeholders past T (never stored)
+        float lse2[2], D[2];  // rows row0, row0 + 8; finite placeholders past T (never stored)
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int q = row0 + 8 * r;
-        lse2[r] = q < T ? lse[(size_t)blockIdx.x * T + q] * ATTN_LOG2E : 0.0f;
-        D[r] = q < T ? delta[(size_t)blockIdx.x * T + q] : 0.0f;
-    }
-    float dq[HD / 2];
-#pragma unroll
-    for (int i = 0; i < HD / 2; i++) dq[i] = 0.0f;
-    uint32_t qa[AREG ? HD / 16 : 1][4], doa[AREG ? HD / 16 : 1][4];  // Q, dO rows as A fragments (AREG)
-    // Descriptors: the warpgroup's rows of Q and dO (A of S, dP without AREG), stage 0 of K and V read K-major (B of
-    // S, dP) and of K read MN-major (B of dQ).
-    const uint64_t q_desc = wgmma_desc_kmajor(q_sm + 64 * wg * 128), do_desc = wgmma_desc_kmajor(do_sm + 64 * wg * 128);
-    const uint64_t k_desc = wgmma_desc_kmajor(k_sm), v_desc = wgmma_desc_kmajor(v_sm);
-    const uint64_t k_desc_t = wgmma_desc_mnmajor(k_sm, BN);
-    mbarrier_wait(q_full, 0);
-    if constexpr (AREG) {
-        wgmma_load_a_frags<HD, ROWS>(qa, smem_ptr, wg);
-        wgmma_load_a_frags<HD, ROWS>(doa, smem_ptr + QBYTES, wg);
-    }
-
-    // tile j: stage j % S, phase (j / S) & 1, counted rather than divided
-    for (int j = 0, stage = 0, phase = 0; j < n_tiles; j++, stage == S - 1 ? (stage = 0, phase ^= 1) : stage++) {
-        const int k0 = j * BN;
-        mbarrier_wait(full0 + 8 * stage, phase);  // also when skipped (see the dK/dV kernel)
-        if (k0 > qwg + 63) {  // warpgroup-uniform: every key of the tile follows every query
-            mbarrier_arrive(empty0 + 8 * stage);
-            continue;
+        for (int r = 0; r < 2; r++) {
+            const int q = row0 + 8 * r;
+            lse2[r] = q < T ? lse[((size_t)b * H + h) * T + q] * ATTN_LOG2E : 0.0f;
+            D[r] = q < T ? delta[((size_t)b * H + h) * T + q] : 0.0f;
         }
-        const uint32_t st_bytes = stage * TBYTES;
-
-        // S = Q K^T and dP = dO V^T, one commit group each.
-        float s[BN / 2], dp[BN / 2];
-        wgmma_fence();
+        float dq[HD / 2];
+#pragma unroll
+        for (int r = 0; r < HD / 2; r++) dq[r] = 0.0f;
+        uint32_t qa[AREG ? HD / 16 : 1][4], doa[AREG ? HD / 16 : 1][4];  // Q, dO rows as A fragments (AREG)
+        // Descriptors: the warpgroup's rows of Q and dO (A of S, dP without AREG), stage 0 of K and V read K-major
+        // (B of S, dP) and of K read MN-major (B of dQ).
+        const uint64_t q_desc = wgmma_desc_kmajor(qb + 64 * wg * 128);
+        const uint64_t do_desc = wgmma_desc_kmajor(qb + QBYTES + 64 * wg * 128);
+        const uint64_t k_desc = wgmma_desc_kmajor(k_sm), v_desc = wgmma_desc_kmajor(v_sm);
+        const uint64_t k_desc_t = wgmma_desc_mnmajor(k_sm, BN);
+        mbarrier_wait(q_full0 + 8 * buf, (i / QBUF) & 1);
         if constexpr (AREG) {
-            wgmma_scores_rs<HD, BN>(s, qa, wgmma_desc_advance(k_desc, st_bytes));
-            wgmma_scores_rs<HD, BN>(dp, doa, wgmma_desc_advance(v_desc, st_bytes));
-        } else {
-            wgmma_scores_ss<HD, ROWS, BN>(s, q_desc, wgmma_desc_advance(k_desc, st_bytes));
-            wgmma_scores_ss<HD, ROWS, BN>(dp, do_desc, wgmma_desc_advance(v_desc, st_bytes));
+            wgmma_load_a_frags<HD, ROWS>(qa, qb_ptr, wg);
+            wgmma_load_a_frags<HD, ROWS>(doa, qb_ptr + QBYTES, wg);
         }
 
-        // P (the mask only on the diagonal tiles)
-        wgmma_wait_group<1>();
-        pin_registers(s);
-        if (k0 + BN - 1 > qwg) {  // warpgroup-uniform
-            attention_backward_probs<BN, true>(s, lse2, scale_log2, k0, row0, c);
-        } else {
-            attention_backward_probs<BN, false>(s, lse2, scale_log2, k0, row0, c);
-        }
-        // dS, then dQ += dS K: B = the K tile, MN-major; its k16 slice kk (keys 16 kk ..) starts at row 16 kk.
-        wgmma_wait_group<0>();
-        pin_registers(dp);
+        for (int j = 0; j < n_tiles; j++, stage == S - 1 ? (stage = 0, phase ^= 1) : stage++) {
+            const int k0 = j * BN;
+            mbarrier_wait(full0 + 8 * stage, phase);  // also when skipped (see the dK/dV kernel)
+            if (k0 > qwg + 63) {  // warpgroup-uniform: every key of the tile follows every query
+                mbarrier_arrive(empty0 + 8 * stage);
+                continue;
+            }
+            const uint32_t st_bytes = stage * TBYTES;
+
+            // S = Q K^T and dP = dO V^T, one commit group each.
+            float s[BN / 2], dp[BN / 2];
+            wgmma_fence();
+            if constexpr (AREG) {
+                wgmma_scores_rs<HD, BN>(s, qa, wgmma_desc_advance(k_desc, st_bytes));
+                wgmma_scores_rs<HD, BN>(dp, doa, wgmma_desc_advance(v_desc, st_bytes));
+            } else {
+                wgmma_scores_ss<HD, ROWS, BN>(s, q_desc, wgmma_desc_advance(k_desc, st_bytes));
+                wgmma_scores_ss<HD, ROWS, BN>(dp, do_desc, wgmma_desc_advance(v_desc, st_bytes));
+            }
+
+            // P (the mask only on the diagonal tiles)
+            wgmma_wait_group<1>();
+            pin_registers(s);
+            if (k0 + BN - 1 > qwg) {  // warpgroup-uniform
+                attention_backward_probs<BN, true>(s, lse2, scale_log2, k0, row0, c);
+            } else {
+                attention_backward_probs<BN, false>(s, lse2, scale_log2, k0, row0, c);
+            }
+            // dS, then dQ += dS K: B = the K tile, MN-major; its k16 slice kk (keys 16 kk ..) starts at row 16 kk.
+            wgmma_wait_group<0>();
+            pin_registers(dp);
 #pragma unroll
-        for (int i = 0; i < BN / 2; i++) dp[i] = s[i] * (dp[i] - D[(i / 2) % 2]);
-        uint32_t dsa[BN / 16][4];
-        wgmma_accumulate_rs<HD, BN>(dq, dsa, dp, wgmma_desc_advance(k_desc_t, st_bytes));
-        wgmma_wait_group<0>();
-        pin_registers(dsa);
-        pin_registers(dq);
-        mbarrier_arrive(empty0 + 8 * stage);
-    }
+            for (int r = 0; r < BN / 2; r++) dp[r] = s[r] * (dp[r] - D[(r / 2) % 2]);
+            uint32_t dsa[BN / 16][4];
+            wgmma_accumulate_rs<HD, BN>(dq, dsa, dp, wgmma_desc_advance(k_desc_t, st_bytes));
+            wgmma_wait_group<0>();
+            pin_registers(dsa);
+            pin_registers(dq);
+            mbarrier_arrive(empty0 + 8 * stage);
+        }
 
-    // Each warpgroup read only its own 64 rows of Q: after its last wait they stage its result.
-    const size_t stride = (size_t)(H + 2 * KV) * HD;
-    wgmma_store_rows<HD, ROWS>(dqkv + (size_t)b * T * stride + (size_t)h * HD, stride, smem_ptr, dq, scale, qwg, T,
-                               wg, rope);
+        // Each warpgroup read only its own 64 rows of Q: after its last wait they stage its result; then the
+        // buffer is released for a later item's Q and dO (after these generic accesses, for the TMA).
+        const size_t stride = (size_t)(H + 2 * KV) * HD;
+        wgmma_store_rows<HD, ROWS>(dqkv + (size_t)b * T * stride + (size_t)h * HD, stride, qb_ptr, dq, scale, qwg, T,
+                                   wg, rope);
+        fence_proxy_async_shared();
+        mbarrier_arrive(q_empty0 + 8 * buf);
+        if constexpr (!PERSISTENT) break;
+    }
 #else
     __trap();  // not sm_90a code: never launched (attention_wgmma_usable)
 #endif
@@ -1055,9 +1151,11 @@ inline void wgmma_check_register_split(Kernel kernel, const char* name, bool& ch
     checked = true;
 }
 
+// Persistent (one CTA per SM taking work items in turn) where two Q buffers fit (hd 64), unless one_item_per_cta;
+// else one CTA per work item.
 template <int HD, int STAGES, bool OVERLAP>
 inline void attention_forward_wgmma_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV,
-                              cudaStream_t stream) {
+                                           cudaStream_t stream, bool one_item_per_cta = false) {
     static bool smem_set = false, regs_checked = false;
     const size_t smem = attention_forward_wgmma_smem_bytes<HD, STAGES>();
     attention_set_smem(attention_forward_wgmma_kernel<HD, STAGES, OVERLAP>, smem, smem_set);
@@ -1065,9 +1163,16 @@ inline void attention_forward_wgmma_launch(floatX* out, float* lse, const floatX
                                regs_checked);
     const CUtensorMap map = attention_heads_tensor_map(qkv, B, T, H + 2 * KV, HD, WGMMA_ROWS);
     const float scale_log2 = ATTN_LOG2E / sqrtf((float)HD);
-    dim3 grid(B * H, ceil_div(T, WGMMA_ROWS));
-    attention_forward_wgmma_kernel<HD, STAGES, OVERLAP>
-        <<<grid, WGMMA_WS_THREADS, smem, stream>>>(map, out, lse, T, H, KV, scale_log2);
+    static int sms = 0;  // a CTA fills an SM (its shared memory)
+    if (sms == 0) {
+        int device = 0;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    }
+    const int items = B * H * ceil_div(T, WGMMA_ROWS);
+    const bool persistent = attention_forward_wgmma_q_buffers<HD, STAGES>() == 2 && !one_item_per_cta;
+    attention_forward_wgmma_kernel<HD, STAGES, OVERLAP><<<persistent ? std::min(items, sms) : items, WGMMA_WS_THREADS,
+                                                          smem, stream>>>(map, out, lse, B, T, H, KV, scale_log2);
     cudaCheckLaunch();
 }
 
@@ -1093,10 +1198,17 @@ inline void attention_forward_wgmma(floatX* out, float* lse, const floatX* qkv, 
 }
 
 // The wgmma backward at one head dim (D included).
+// The dQ kernel is persistent where two (Q, dO) buffers fit, unless one_item_per_cta.
 template <int HD>
 inline void attention_backward_wgmma_hd(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
                                         const floatX* out, const float* lse, const float* rope, int B, int T, int H,
-                                        int KV, cudaStream_t stream) {
+                                        int KV, cudaStream_t stream, bool one_item_per_cta = false) {
+    static int sms = 0;
+    if (sms == 0) {
+        int device = 0;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    }
     static bool dkdv_smem_set = false, dq_smem_set = false, dkdv_regs_checked = false, dq_regs_checked = false;
     const size_t dkdv_smem = attention_backward_dkdv_wgmma_smem_bytes<HD>();
     const size_t dq_smem = attention_backward_dq_wgmma_smem_bytes<HD>();
@@ -1118,10 +1230,12 @@ inline void attention_backward_wgmma_hd(floatX* dqkv, float* delta, const floatX
     attention_backward_dkdv_wgmma_kernel<HD><<<dkdv_grid, WGMMA_WS_THREADS, dkdv_smem, stream>>>(
         qkv_128, qkv_64, dout_64, dqkv, lse, delta, rope, T, H, KV, scale, scale_log2);
     cudaCheckLaunch();
-    dim3 dq_grid(B * H, ceil_div(T, WGMMA_ROWS));
+    const int dq_items = B * H * ceil_div(T, WGMMA_ROWS);
+    const bool dq_persistent = attention_backward_dq_wgmma_q_buffers<HD>() == 2 && !one_item_per_cta;
     const CUtensorMap& kv_tiles = wgmma_dq_keys(HD) == WGMMA_ROWS ? qkv_128 : qkv_64;
-    attention_backward_dq_wgmma_kernel<HD><<<dq_grid, WGMMA_WS_THREADS, dq_smem, stream>>>(
-        qkv_128, dout_128, kv_tiles, dqkv, lse, delta, rope, T, H, KV, scale, scale_log2);
+    attention_backward_dq_wgmma_kernel<HD><<<dq_persistent ? std::min(dq_items, sms) : dq_items, WGMMA_WS_THREADS,
+                                             dq_smem, stream>>>(qkv_128, dout_128, kv_tiles, dqkv, lse, delta, rope,
+                                                                B, T, H, KV, scale, scale_log2);
     cudaCheckLaunch();
 }
 

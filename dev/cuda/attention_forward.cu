@@ -536,6 +536,16 @@ static void forward_v5_config(floatX* out, float* lse, const floatX* qkv, int B,
     }
     attention_forward(out, lse, qkv, B, T, H, KV, hd, 0);
 }
+
+// v5: v6's kernel (llmc's) launched with one CTA per work item, the schedule before session 22, at hd 64 and 128.
+static void forward_v5(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
+    if ((hd == 64 || hd == 128) && attention_aligned16({out, qkv}) && attention_wgmma_usable()) {
+        attention_check_args("forward_v5", B, T, H, KV, hd);
+        if (hd == 64) return attention_forward_wgmma_launch<64, 6, true>(out, lse, qkv, B, T, H, KV, 0, true);
+        return attention_forward_wgmma_launch<128, 3, true>(out, lse, qkv, B, T, H, KV, 0, true);
+    }
+    attention_forward(out, lse, qkv, B, T, H, KV, hd, 0);
+}
 #endif  // !ENABLE_FP32
 
 static void attention_forward_gpu(int version, floatX* out, float* lse, const floatX* qkv, int B, int T, int H,
@@ -546,7 +556,8 @@ static void attention_forward_gpu(int version, floatX* out, float* lse, const fl
         case 2: forward_tc_config<1, 64, 1, 64>(out, lse, qkv, B, T, H, KV, hd); break;  // 16 queries per warp
         case 3: forward_tc_config<2, 64, 2, 32>(out, lse, qkv, B, T, H, KV, hd); break;  // 32 queries per warp
         case 4: forward_v4(out, lse, qkv, B, T, H, KV, hd); break;
-        case 5: attention_forward(out, lse, qkv, B, T, H, KV, hd, 0); break;  // what the trainer runs
+        case 5: forward_v5(out, lse, qkv, B, T, H, KV, hd); break;
+        case 6: attention_forward(out, lse, qkv, B, T, H, KV, hd, 0); break;  // what the trainer runs
         // Tuning candidates (./attention_forward sweep): not versions of their own.
         case 101: forward_tc_config<2, 32, 2, 64>(out, lse, qkv, B, T, H, KV, hd); break;
         case 102: forward_tc_config<1, 128, 1, 32>(out, lse, qkv, B, T, H, KV, hd); break;
@@ -570,7 +581,7 @@ static void attention_forward_gpu(int version, floatX* out, float* lse, const fl
 #if defined(ENABLE_FP32)
 static const int VERSIONS[] = {1};
 #else
-static const int VERSIONS[] = {1, 2, 3, 4, 5};
+static const int VERSIONS[] = {1, 2, 3, 4, 5, 6};
 #endif
 
 static void validate_shape(int version, const Shape& sh, uint64_t seed) {
@@ -641,8 +652,8 @@ int main(int argc, char** argv) {
         if (version == 4 && !attention_wgmma_usable()) {
             printf("  note: no sm_90 device or no sm_90a code in this build: v4 runs v1 at hd 128\n");
         }
-        if (version == 5 && !attention_wgmma_usable()) {
-            printf("  note: no sm_90 device or no sm_90a code in this build: v5 runs v1 (v3 at hd 64)\n");
+        if ((version == 5 || version == 6) && !attention_wgmma_usable()) {
+            printf("  note: no sm_90 device or no sm_90a code in this build: v%d runs v1 (v3 at hd 64)\n", version);
         }
 #endif
         // T not a multiple of the tiles (64 queries; 32 or 64 keys), group sizes 1, 4, 8, head dims 16, 64, 128.

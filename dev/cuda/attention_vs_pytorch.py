@@ -3,8 +3,10 @@
 For each shape (B, H, KV, T, D) it makes random bf16 q, k, v packed the way llmc wants them (qkv (B, T, (H + 2 KV) D)),
 gives PyTorch (B, H, T, D) / (B, KV, T, D) copies, checks our output and gradients against PyTorch's (relative error
 norm ||ours - torch|| / ||torch||, bf16 tolerance 1e-2), times forward and forward + backward (CUDA events, median
-of --iters runs after warm-up) and prints TFLOP/s and our ratio to each backend. Causal FLOP convention: forward
-2 B H T^2 D (half of the 4 B H T^2 D of the two full matmuls), backward 2.5x that, forward + backward 3.5x.
+of --iters runs after warm-up, the contenders' runs interleaved round by round, each queued behind a spin kernel so
+the events time the GPU's work alone: see time_ms) and prints TFLOP/s and our ratio to each backend. Causal FLOP
+convention: forward 2 B H T^2 D (half of the 4 B H T^2 D of the two full matmuls), backward 2.5x that, forward +
+backward 3.5x.
 
 Our side runs through attention_lib.cu (a C ABI over llmc's attention_forward / attention_backward, called on
 PyTorch's current stream), which this script builds with nvcc into --build-dir on first use (and whenever the sources
@@ -36,6 +38,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 SHAPES = [(4, 32, 8, 2048, 64), (2, 32, 8, 4096, 128), (1, 32, 8, 8192, 128)]  # (B, H, KV, T, D)
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 TOLERANCE = 1e-2
+HOST_AHEAD_CYCLES = 2_000_000  # about 1 ms of spinning on the GPU: the host queues the timed run meanwhile
 
 
 def build_library(build_dir):
@@ -71,19 +74,30 @@ def rel_err(ours, ref):
     return ((ours - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def time_ms(fn, iters, warmup=5):
-    """Median time of fn() in ms over `iters` runs after `warmup`, with CUDA events on the current stream."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+def time_ms(fns, iters, warmup=5):
+    """Median time in ms of each function of `fns` (name -> fn) over `iters` runs after `warmup`, with CUDA events
+    on the current stream. The runs are interleaved: each round runs every function once, in an order rotated from
+    round to round, so that all of them meet the same clock and temperature history (at its power cap the GPU's
+    clock follows the work of the last few milliseconds; timing one contender after another favours whichever runs
+    on the cooler GPU). Each run is queued behind a spin kernel of HOST_AHEAD_CYCLES, so that the time between the
+    events is the GPU's work alone, not the host's latency in launching it (larger for PyTorch's dispatch and
+    autograd than for our one C call; in training the host runs ahead and hides it)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    names = list(fns)
+    times = {name: [] for name in names}
+    for i in range(iters):
+        for j in range(len(names)):
+            name = names[(i + j) % len(names)]
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(HOST_AHEAD_CYCLES)
+            start.record()
+            fns[name]()
+            stop.record()
+            stop.synchronize()
+            times[name].append(start.elapsed_time(stop))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 class Ours:
@@ -167,9 +181,8 @@ def run_shape(so, B, H, KV, T, D, iters, backward):
                   dqkv[:, :, H + KV:].transpose(1, 2))
 
     flops_fwd = 2.0 * B * H * T * T * D
-    row = {"ours": {}}
-    row["ours"]["fwd"] = time_ms(ours.forward, iters)
-    row["ours"]["fwdbwd"] = time_ms(lambda: ours.forward_backward(dout), iters)
+    forward = {"ours": ours.forward}
+    forward_backward = {"ours": lambda: ours.forward_backward(dout)}
     ok = True
     for name, backend in BACKENDS.items():
         try:
@@ -189,7 +202,10 @@ def run_shape(so, B, H, KV, T, D, iters, backward):
 
         # The training forward (inputs require grad, so the backend also keeps its softmax statistics, as ours
         # keeps lse); the output and its graph are dropped at once.
-        row[name] = {"fwd": time_ms(t.forward, iters), "fwdbwd": time_ms(lambda: t.forward_backward(dout_t), iters)}
+        forward[name] = t.forward
+        forward_backward[name] = lambda t=t: t.forward_backward(dout_t)
+    fwd_ms, fwdbwd_ms = time_ms(forward, iters), time_ms(forward_backward, iters)
+    row = {name: {"fwd": fwd_ms[name], "fwdbwd": fwdbwd_ms[name]} for name in forward}
     tflops = {n: (flops_fwd / (r["fwd"] * 1e-3) / 1e12, 3.5 * flops_fwd / (r["fwdbwd"] * 1e-3) / 1e12)
               for n, r in row.items()}
     return tflops, ok
