@@ -11,10 +11,13 @@
 // for GPU_COMPUTE_CAPABILITY=90); for any other target they compile to a trap, and the host side never launches them
 // (attention_wgmma_usable: the device is compute capability 9.0 and the kernel image loaded for it is sm_90 code).
 //
-// Forward: warp-specialised and fed by TMA (FlashAttention-3's design). CTA = 128 queries of one (batch, head),
+// Forward: warp-specialised and fed by TMA (FlashAttention-3's design). Work item = 128 queries of one (batch, head),
+// the longest (last) query tiles first. Where two Q buffers fit beside the stages (hd 64 with its 6 stages) the
+// kernel is persistent: one CTA per SM takes items in turn, and the next item's Q loads while this one's epilogue
+// runs; otherwise (hd 128 with 3 stages) one CTA per item (a persistent CTA waiting for each Q was slower).
 // 384 threads = 3 warpgroups:
-//   warpgroup 0, producer: setmaxnreg.dec to 24 registers; one elected thread loads the Q tile once and the K, V
-//     tiles (128 keys each) up to the causal diagonal with TMA into STAGES stages, each tile as HD / 64 boxes of
+//   warpgroup 0, producer: setmaxnreg.dec to 24 registers; one elected thread loads each item's Q tile once and the
+//     K, V tiles (128 keys each) up to the causal diagonal with TMA into STAGES stages, each tile as HD / 64 boxes of
 //     64 columns (128 bytes) x 128 rows, 128-byte swizzled by the TMA unit into exactly the layout the wgmma
 //     descriptors read. Rows past T are outside the tensor: TMA writes zeros there (and still credits the whole box).
 //     The tensor map views qkv as the 4-D tensor (hd, head, token, batch), box (64, 1, 128, 1).
@@ -26,14 +29,18 @@
 //     alternate between two sets by tile parity; at hd 64 P_j V_j is waited for in the next step, see LATE_WAIT).
 // Synchronisation, per stage s: full[s] (1 arrival: the producer's arrive.expect_tx of the tile's bytes, then the
 // TMA's complete_tx) and empty[s] (256 arrivals: every consumer thread, once its P V wgmma reading the stage has been
-// waited on). Tile j uses stage j % STAGES in round j / STAGES; round r waits for phase r of full (parity r % 2), and
-// the producer refilling the stage in round r >= 1 waits for phase r - 1 of empty. Q has its own barrier (q_full).
+// waited on). The CTA's K / V tiles, counted over its items, take the stages in turn: tile j uses stage j % STAGES
+// in round j / STAGES; round r waits for phase r of full (parity r % 2), and the producer refilling the stage in
+// round r >= 1 waits for phase r - 1 of empty. Each Q buffer has its own pair: q_full (the TMA) and q_empty (256
+// arrivals once the epilogue that staged its output there is done, after a proxy fence, since TMA writes next).
 // Epilogue per consumer warpgroup: O / l as bf16 through the warpgroup's own rows of the dead Q tile (named barrier
 // 3 + w), then 16-byte stores; lse = (m + log2 l) ln 2.
-// smem: Q 128 x HD + STAGES x (K, V) 2 x 128 x HD bf16 + the barriers + 1 KiB to align (HD 128, 3 stages: 225 KiB;
-// HD 64, 6 stages: 209 KiB); registers: 168 at launch (384 x 168 = 128 x 24 + 256 x 240 after setmaxnreg).
+// smem: 1 or 2 x Q 128 x HD + STAGES x (K, V) 2 x 128 x HD bf16 + the barriers + 1 KiB to align (HD 128, 3 stages,
+// one Q: 225 KiB; HD 64, 6 stages, two: 225 KiB); registers: 168 at launch (384 x 168 = 128 x 24 + 256 x 240 after
+// setmaxnreg). With LATE_WAIT (hd 64) a step waits for tile j + 1 before it releases tile j - 1's stage: at least
+// 3 stages, or the two wait for each other.
 //
-// Backward. Two kernels (a dK/dV kernel per key tile and kv head, a dQ kernel per query tile and head, every output
+// Backward. Two kernels (a dK/dV kernel per key tile and kv head, a dQ kernel over query tiles and heads, every output
 // element with one writer: deterministic, no atomics), warp-specialised as the forward is: 384 threads, warpgroup 0
 // the producer (setmaxnreg 24), warpgroups 1, 2 consumers of 64 rows each (240); the consumers never meet each other,
 // only the stage barriers. D = rowsum(dO o O) comes first from attention_delta (attention_common.cuh).
@@ -64,8 +71,9 @@
 // wgmma's registers. Two things here keep it from that: the consumer warpgroup's index comes through a shuffle, and
 // mbarrier_wait's loop is written in PTX (ptx.cuh).
 //
-// dQ: CTA = 128 queries x (head, batch). The producer loads Q and dO once (q_full), then K, V tiles of BN keys up to
-// the causal diagonal through 3 stages. Per tile and consumer warpgroup:
+// dQ: work item = 128 queries x (head, batch), in the forward's order; persistent where two (Q, dO) buffers fit (hd 64
+// and 128), with the forward's q_full / q_empty pairs. The producer loads an item's Q and dO once, then K, V tiles of
+// BN keys up to the causal diagonal through 3 stages. Per tile and consumer warpgroup:
 //   S = Q K^T, dP = dO V^T            wgmma m64nBNk16; with AREG (the HD 128 choice) the warpgroup's Q and dO rows
 //                                     are held in registers as A fragments, so only K, V are read from smem
 //   P = exp2(S scale log2 e - lse log2 e), 0 where key > query; dS = P o (dP - D); bf16 A registers
@@ -113,8 +121,8 @@ __host__ __device__ constexpr bool wgmma_dq_q_in_registers(int hd) { return hd =
 // ----------------------------------------------------------------------------------------------------------------
 // Tile helpers
 
-// Thread 0 initialises a warp-specialised kernel's mbarriers: `once` (1 arrival: the tiles loaded once), and per
-// stage full[s] (full_count arrivals) and empty[s] (one per consumer thread); then the CTA-wide barrier that
+// Thread 0 initialises a warp-specialised kernel's mbarriers: `once` (1 arrival: the tiles loaded once per item),
+// and per stage full[s] (full_count arrivals) and empty[s] (one per consumer thread); then the CTA-wide barrier that
 // publishes them, the kernel's last (after it the warpgroups part ways).
 __device__ __forceinline__ void wgmma_init_barriers(uint32_t once, uint32_t full0, uint32_t empty0, int stages,
                                                     uint32_t full_count) {
@@ -127,6 +135,17 @@ __device__ __forceinline__ void wgmma_init_barriers(uint32_t once, uint32_t full
         fence_mbarrier_init();
     }
     __syncthreads();
+}
+
+// The same for a persistent kernel's per-item tiles in q_buffers buffers: q_full[i] (1 arrival: the TMA) and
+// q_empty[i] (one per consumer thread, once the epilogue that staged its output in buffer i is done).
+__device__ __forceinline__ void wgmma_init_item_barriers(uint32_t q_full0, uint32_t q_empty0, int q_buffers,
+                                                         uint32_t full0, uint32_t empty0, int stages) {
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < q_buffers; i++) mbarrier_init(q_full0 + 8 * i, 1);
+        for (int i = 0; i < q_buffers; i++) mbarrier_init(q_empty0 + 8 * i, WGMMA_CONSUMERS);
+    }
+    wgmma_init_barriers(q_full0, full0, empty0, stages, 1);  // q_full[0] too; its fence and barrier publish all
 }
 
 // Stores a warpgroup's 64 x HD fp32 accumulator (times mult) as bf16 to global rows r0 .. r0 + 63 (skipping rows
@@ -426,6 +445,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     constexpr bool PERSISTENT = QBUF == 2;  // else one item per CTA (attention_forward_wgmma_launch)
     static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
     static_assert(STAGES >= 2, "at least 2 K / V stages");
+    static_assert(!(OVERLAP && HD == 64) || STAGES >= 3, "LATE_WAIT (hd 64 with overlap) needs at least 3 stages");
     static_assert(attention_forward_wgmma_smem_bytes<HD, STAGES>() <= 227 * 1024, "stages do not fit in shared memory");
     extern __shared__ uint8_t wgmma_smem[];
     // Swizzle atoms (and TMA's swizzled destinations) start on 1024-byte boundaries: align the shared address.
@@ -439,13 +459,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     uint8_t* smem_ptr = wgmma_smem + (smem - smem_addr(wgmma_smem));  // generic pointer to the aligned base
     const int q_tiles = ceil_div(T, WGMMA_ROWS), BH = B * H, n_items = BH * q_tiles;
 
-    if (threadIdx.x == 0) {  // the Q buffers' barriers; wgmma_init_barriers fences and publishes them with its own
-        for (int i = 0; i < QBUF; i++) {
-            if (i > 0) mbarrier_init(q_full0 + 8 * i, 1);
-            mbarrier_init(q_empty0 + 8 * i, WGMMA_CONSUMERS);
-        }
-    }
-    wgmma_init_barriers(q_full0, full0, empty0, STAGES, 1);
+    wgmma_init_item_barriers(q_full0, q_empty0, QBUF, full0, empty0, STAGES);
 
     if (threadIdx.x < 128) {  // producer warpgroup
         setmaxnreg_dec<WGMMA_PRODUCER_REGS>();
@@ -649,10 +663,10 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
                     *reinterpret_cast<const int4*>(staged + swizzle128_offset<WGMMA_ROWS>(64 * wg + r, ch));
             }
         }
+        if constexpr (!PERSISTENT) break;  // no state carried between items: the single-item code of old
         // The TMA that loads a later item's Q into this buffer must come after these generic accesses.
         fence_proxy_async_shared();
         mbarrier_arrive(q_empty0 + 8 * buf);
-        if constexpr (!PERSISTENT) break;  // (no state carried between items: the single-item code of old)
     }
     if (wg == 0) named_barrier_sync<WGMMA_CONSUMERS>(1);  // consume consumer 1's last pass: no arrival left pending
 #else
@@ -978,13 +992,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     uint8_t* smem_ptr = wgmma_smem + (smem - smem_addr(wgmma_smem));
     const int q_tiles = ceil_div(T, ROWS), BH = B * H, n_items = BH * q_tiles;
 
-    if (threadIdx.x == 0) {  // the Q buffers' barriers; wgmma_init_barriers fences and publishes them with its own
-        for (int i = 0; i < QBUF; i++) {
-            if (i > 0) mbarrier_init(q_full0 + 8 * i, 1);
-            mbarrier_init(q_empty0 + 8 * i, WGMMA_CONSUMERS);
-        }
-    }
-    wgmma_init_barriers(q_full0, full0, empty0, S, 1);
+    wgmma_init_item_barriers(q_full0, q_empty0, QBUF, full0, empty0, S);
 
     if (threadIdx.x < 128) {  // producer warpgroup
         setmaxnreg_dec<WGMMA_PRODUCER_REGS>();
@@ -1106,9 +1114,9 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
         const size_t stride = (size_t)(H + 2 * KV) * HD;
         wgmma_store_rows<HD, ROWS>(dqkv + (size_t)b * T * stride + (size_t)h * HD, stride, qb_ptr, dq, scale, qwg, T,
                                    wg, rope);
+        if constexpr (!PERSISTENT) break;
         fence_proxy_async_shared();
         mbarrier_arrive(q_empty0 + 8 * buf);
-        if constexpr (!PERSISTENT) break;
     }
 #else
     __trap();  // not sm_90a code: never launched (attention_wgmma_usable)
@@ -1134,6 +1142,17 @@ inline CUtensorMap attention_heads_tensor_map(const floatX* base, int B, int T, 
     const cuuint64_t strides[3] = {hd * elem, heads * hd * elem, (cuuint64_t)T * heads * hd * elem};
     const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
     return tensor_map_bf16(base, 4, dims, strides, box, "attention_heads_tensor_map (hd, heads, T, B)");
+}
+
+// The SMs of the current device: a persistent kernel's grid (one CTA fills an SM, its shared memory).
+inline int wgmma_sm_count() {
+    static int sms = 0;  // the device does not change within a process
+    if (sms == 0) {
+        int device = 0;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    }
+    return sms;
 }
 
 // setmaxnreg.inc waits for registers that setmaxnreg.dec returned to the CTA's allocation: a CTA launched with fewer
@@ -1163,16 +1182,11 @@ inline void attention_forward_wgmma_launch(floatX* out, float* lse, const floatX
                                regs_checked);
     const CUtensorMap map = attention_heads_tensor_map(qkv, B, T, H + 2 * KV, HD, WGMMA_ROWS);
     const float scale_log2 = ATTN_LOG2E / sqrtf((float)HD);
-    static int sms = 0;  // a CTA fills an SM (its shared memory)
-    if (sms == 0) {
-        int device = 0;
-        cudaCheck(cudaGetDevice(&device));
-        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    }
     const int items = B * H * ceil_div(T, WGMMA_ROWS);
     const bool persistent = attention_forward_wgmma_q_buffers<HD, STAGES>() == 2 && !one_item_per_cta;
-    attention_forward_wgmma_kernel<HD, STAGES, OVERLAP><<<persistent ? std::min(items, sms) : items, WGMMA_WS_THREADS,
-                                                          smem, stream>>>(map, out, lse, B, T, H, KV, scale_log2);
+    const int grid = persistent ? std::min(items, wgmma_sm_count()) : items;
+    attention_forward_wgmma_kernel<HD, STAGES, OVERLAP>
+        <<<grid, WGMMA_WS_THREADS, smem, stream>>>(map, out, lse, B, T, H, KV, scale_log2);
     cudaCheckLaunch();
 }
 
@@ -1198,17 +1212,11 @@ inline void attention_forward_wgmma(floatX* out, float* lse, const floatX* qkv, 
 }
 
 // The wgmma backward at one head dim (D included).
-// The dQ kernel is persistent where two (Q, dO) buffers fit, unless one_item_per_cta.
+// The dQ kernel is persistent where two (Q, dO) buffers fit.
 template <int HD>
 inline void attention_backward_wgmma_hd(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
                                         const floatX* out, const float* lse, const float* rope, int B, int T, int H,
-                                        int KV, cudaStream_t stream, bool one_item_per_cta = false) {
-    static int sms = 0;
-    if (sms == 0) {
-        int device = 0;
-        cudaCheck(cudaGetDevice(&device));
-        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    }
+                                        int KV, cudaStream_t stream) {
     static bool dkdv_smem_set = false, dq_smem_set = false, dkdv_regs_checked = false, dq_regs_checked = false;
     const size_t dkdv_smem = attention_backward_dkdv_wgmma_smem_bytes<HD>();
     const size_t dq_smem = attention_backward_dq_wgmma_smem_bytes<HD>();
@@ -1231,11 +1239,11 @@ inline void attention_backward_wgmma_hd(floatX* dqkv, float* delta, const floatX
         qkv_128, qkv_64, dout_64, dqkv, lse, delta, rope, T, H, KV, scale, scale_log2);
     cudaCheckLaunch();
     const int dq_items = B * H * ceil_div(T, WGMMA_ROWS);
-    const bool dq_persistent = attention_backward_dq_wgmma_q_buffers<HD>() == 2 && !one_item_per_cta;
+    const bool dq_persistent = attention_backward_dq_wgmma_q_buffers<HD>() == 2;
     const CUtensorMap& kv_tiles = wgmma_dq_keys(HD) == WGMMA_ROWS ? qkv_128 : qkv_64;
-    attention_backward_dq_wgmma_kernel<HD><<<dq_persistent ? std::min(dq_items, sms) : dq_items, WGMMA_WS_THREADS,
-                                             dq_smem, stream>>>(qkv_128, dout_128, kv_tiles, dqkv, lse, delta, rope,
-                                                                B, T, H, KV, scale, scale_log2);
+    const int dq_grid = dq_persistent ? std::min(dq_items, wgmma_sm_count()) : dq_items;
+    attention_backward_dq_wgmma_kernel<HD><<<dq_grid, WGMMA_WS_THREADS, dq_smem, stream>>>(
+        qkv_128, dout_128, kv_tiles, dqkv, lse, delta, rope, B, T, H, KV, scale, scale_log2);
     cudaCheckLaunch();
 }
 

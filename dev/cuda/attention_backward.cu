@@ -219,6 +219,10 @@
 //           (2, 4096) 473-478 -> 492-495 TFLOP/s, (1, 8192) 469-512 -> 492-529; the new schedule without K in
 //           registers: 465-468 / 457-500 (no gain alone); 4 slices: 488-489 / 481-527. Validation, bit-for-bit
 //           reruns, memcheck and synccheck pass; make test passes (the hd 128 tie-outs: test-mha, 3B-d2).
+//       Then (session 22) the dQ kernel persistent, as the forward at hd 64: one CTA per SM takes the query tiles in
+//       the forward's longest-first order, with two (Q, dO) buffers (they fit at both head dims), so the next
+//       item's Q and dO load while this one's last tiles and stores run. H100, two alternating rounds of the old
+//       and new binaries: 337.1-337.7 -> 346.9-347.5 / 490.9-491.9 -> 490.4-494.1 / 511.8-517.7 -> 522.2-523.8.
 //   v11: v10 given RoPE's table, as the trainer calls it: RoPE's backward on dq and dk applied as the kernels store
 //       them (llmc/attention_wgmma.cuh wgmma_store_rows), so the trainer's separate rope_backward pass over dqkv is
 //       gone. Validated against the CPU reference followed by the CPU RoPE backward, and bit for bit against v10

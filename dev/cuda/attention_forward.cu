@@ -5,7 +5,7 @@
 //
 // The CPU reference accumulates in fp64 and materialises each score row (fine at the small T validated here).
 //
-// Versions (v1 and v5 from llmc/, v2-v4 in this file; causal TFLOP/s = 2 B H T^2 hd / time, H200 unless named,
+// Versions (v1, v5 and v6 from llmc/, v2-v4 in this file; causal TFLOP/s = 2 B H T^2 hd / time, H200 unless named,
 // shapes of the timing table):
 //   v1: attention_forward_scalar (llmc/attention_scalar.cuh): flash-style tiled CUDA-core fp32 kernel, online
 //       softmax (any precision, hd 1..128).
@@ -51,7 +51,8 @@
 //       cp.async + __syncthreads, setmaxnreg to move registers from the producer to the consumers (240 each), then
 //       intra-warpgroup pipelining (issue S of tile j+1 before the softmax of tile j, which needs the registers
 //       setmaxnreg frees); and skipping the masked half of warpgroup 0's diagonal tile.
-//   v5: attention_forward (what the trainer runs, llmc/attention.cuh): on Hopper at hd 64 and 128 the
+//   v5: what the trainer ran until session 22 (now run as v6's kernel launched one CTA per work item, the same
+//       schedule; the numbers below are of the kernel as it then was): on Hopper at hd 64 and 128 the
 //       warp-specialised TMA forward of llmc/attention_wgmma.cuh (FlashAttention-3 style; bf16 build, sm_90a);
 //       elsewhere v3 at hd 64 (other GPUs) and v1. CTA = 128 queries, 384 threads: warpgroup 0
 //       is the producer (setmaxnreg.dec 24): one elected thread loads Q once and K / V tiles of 128 keys with TMA
@@ -77,12 +78,26 @@
 //       serialises the wgmmas, C7512: registers); a wait on an mbarrier long complete placed between the softmax and
 //       the P_j V_j wait, which also keeps the softmax ahead of it: hd 128 570-582 / 612-645 against 595-609 /
 //       668-679, and with it instead of the moved wait at hd 64, 329-334 against 343-347.
-// Side by side with PyTorch SDPA: attention_vs_pytorch.py.
+//   v6: attention_forward (what the trainer runs, llmc/attention.cuh): v5's kernel over work items. At hd 64 it is
+//       persistent: one CTA per SM takes items c, c + SMs, ... in the longest-first order, with two Q buffers (225
+//       KiB of shared memory with the 6 stages), so the next item's Q and first K / V tiles load while this one's
+//       last tiles and epilogue run, instead of a fresh CTA paying for its barriers, its Q load and its first tile
+//       on an idle SM. At hd 128 one Q buffer fits beside 3 stages, and the kernel keeps one CTA per item. Session
+//       22, H100, alternating runs of the old binary (v5 as it was) and this one (v6), three rounds each:
+//         (4, 2048, 32, 8, 64):  339-346 -> 380-387 TFLOP/s
+//         (2, 4096, 32, 8, 128): 590-595 -> 535-578
+//         (1, 8192, 32, 8, 128): 651-655 -> 637-644
+//       Those hd 128 figures are of a build that ran its one item per CTA through the item loop, with 12 bytes of
+//       spills from the state carried across items. The kept kernel leaves the loop after one item at compile time
+//       there (no spills, the old single-item code): 599 / 664 in the next run, on another machine.
+//       Tried: persistent at hd 128 too, the next item's first two K / V tiles loaded before its Q waits for the
+//       epilogue to free the buffer: (2, 4096) 587-595 against 600, (1, 8192) 636 against 667 (attention_vs_pytorch,
+//       same call); not kept.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_forward.cu
 // Run:   ./attention_forward [version]     (no argument: every version; the fp32 build has only v1)
 //        ./attention_forward sweep         (bf16: other tile configurations and v4 variants, spot-validated and timed)
-// Versions 4 and 5 need a compute capability 9.0 GPU and the sm_90a build for their Hopper kernels; elsewhere they
+// Versions 4 to 6 need a compute capability 9.0 GPU and the sm_90a build for their Hopper kernels; elsewhere they
 // run v3 / v1 (a note says so).
 #include "common.h"
 
@@ -567,11 +582,11 @@ static void attention_forward_gpu(int version, floatX* out, float* lse, const fl
         case 104: forward_wgmma_config<1, false, 1, false>(out, lse, qkv, B, T, H, KV, hd); break;
         case 105: forward_wgmma_config<2, false, 2, false>(out, lse, qkv, B, T, H, KV, hd); break;
         case 106: forward_wgmma_config<1, true, 2, true>(out, lse, qkv, B, T, H, KV, hd); break;
-        // v5 variants <stages, overlap for hd 64; stages, overlap for hd 128>: no intra-warpgroup overlap; 2 stages;
-        // 4 stages at hd 64.
-        // 6 stages at hd 64 (the most that fit).
+        // v5 variants <stages, overlap for hd 64; stages, overlap for hd 128>: no intra-warpgroup overlap; 3 stages at
+        // hd 64 (the fewest its late wait allows; 2 deadlocked there once the wait moved) and 2 at hd 128; 4 stages
+        // at hd 64.
         case 107: forward_v5_config<6, false, 3, false>(out, lse, qkv, B, T, H, KV, hd); break;
-        case 108: forward_v5_config<2, true, 2, true>(out, lse, qkv, B, T, H, KV, hd); break;
+        case 108: forward_v5_config<3, true, 2, true>(out, lse, qkv, B, T, H, KV, hd); break;
         case 109: forward_v5_config<4, true, 3, true>(out, lse, qkv, B, T, H, KV, hd); break;
 #endif
         default: fprintf(stderr, "unknown version %d\n", version); exit(EXIT_FAILURE);

@@ -75,12 +75,13 @@ void llmc_attention_backward_scalar(void* dqkv, float* delta, const void* dout, 
 #include "common.h"
 
 // Smoke test of the C ABI: the entry points against the scalar path on ragged GQA shapes per head dim. T = 2100
-// makes 272 query tiles, more than an H100 or H200 has SMs, so the persistent kernels' CTAs take several work items
-// (run under compute-sanitizer too). An argument T runs that T only.
+// makes 272 query tiles, 6100 768: more than an H100 or H200 has SMs, so the persistent kernels' CTAs take several
+// work items, up to 6 (each Q buffer's barriers through 3 phases). An argument T runs that T only (2100 under
+// compute-sanitizer).
 int main(int argc, char** argv) {
     require_gpu(argv[0]);
     const int only_T = argc > 1 ? atoi(argv[1]) : 0;
-    for (int T : {200, 2100}) {
+    for (int T : {200, 2100, 6100}) {
         if (only_T != 0 && T != only_T) continue;
         for (int hd : {64, 128}) {
             const int B = 2, H = 8, KV = 2;

@@ -117,6 +117,14 @@
 //   * 5 stages instead of 4, made room for by staging each warp's rows 16 at a time (one 64-row half of the tile,
 //     then the other): version 9 1.794-1.841 ms against 1.710-1.745 for the kept kernel and 1.723-1.757 for the
 //     16-row epilogue with 4 stages; version 7 1.067-1.101, 1.085-1.111 and 1.063-1.107. Same bits throughout.
+// Session 22 (H100, fast-math builds, version 7 sustained ms per call, 3 rounds in each of two passes over the
+// builds), tried, not kept; all bit-identical:
+//   * each warp prefetching its g and u lines into L2 (prefetch.global.L2, 6 a lane) before its epilogue: right
+//     after the mainloop 1.138-1.154 ms, or 2, 4 or 8 k-blocks before its end 1.146-1.197, against 1.071-1.094
+//     without. Whatever stalls the epilogue, it is not the latency of those loads alone.
+//   * cache hints on the epilogue's traffic: g, u loaded with ld.global.cs or .cg, dg, du and hact stored with
+//     st.global.cs or .cg: 1.072-1.103 ms for every combination against 1.075-1.101 for the plain loads and stores;
+//     version 9 (the forward) 1.658-1.712 against 1.658-1.703.
 // What ncu says of cuBLASLt's fastest w13 kernel (nvjet 176x128, ping-pong, 1x2 clusters, 1.456 ms at 1.41 GHz
 // against version 6's 1.609 ms): 99% tensor-pipe issue against 88.6%; 114.6 M instructions against 216.5 M; its
 // consumers find the next stage loaded (735 slow-path waits in 1.5 M k-blocks, against 2.0 M retries in 1.4 M for
