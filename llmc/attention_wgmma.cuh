@@ -383,6 +383,13 @@ template <int HD, int STAGES>
 __host__ __device__ constexpr size_t attention_forward_wgmma_smem_bytes() {
     return attention_forward_wgmma_smem_bytes_with<HD, STAGES, attention_forward_wgmma_q_buffers<HD, STAGES>()>();
 }
+// Persistent (a CTA takes items in turn) with two Q buffers, or with one whose Q is released as soon as the item's
+// last S product is done (the overlapped schedule; the epilogue then stores O from registers), so the next Q loads
+// under the last P V and the epilogue. Otherwise one item per CTA.
+template <int HD, int STAGES, bool OVERLAP>
+__host__ __device__ constexpr bool attention_forward_wgmma_persistent() {
+    return attention_forward_wgmma_q_buffers<HD, STAGES>() == 2 || OVERLAP;
+}
 
 // The consumer's turn on tile k0: causal mask (diagonal tile only), online softmax update of m, l, then P (bf16 A
 // fragments); alpha: the factor the running O must be scaled by before P V is added.
@@ -423,6 +430,14 @@ __device__ __forceinline__ void attention_forward_wgmma_pv(float (&o)[HD / 2],
     wgmma_commit_group();
 }
 
+// The i-th work item of this CTA in a persistent kernel: rounds of gridDim.x items, taken alternately in and against
+// CTA order (a snake). The items are sorted longest first, so a fixed stride would give CTA 0 the longest item of
+// every round; the snake evens the totals out (the hd 128 forward at (1, 8192): 610-638 TFLOP/s with the fixed
+// stride, 670-674 with the snake; the dQ kernel +2-3% at hd 128; H100).
+__device__ __forceinline__ int persistent_item(int i) {
+    return i * gridDim.x + ((i & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+}
+
 // Work item w of the persistent forward: (b, h) = w % (B H), query tile q_tiles - 1 - w / (B H), so the longest
 // (last) query tiles come first.
 __device__ __forceinline__ void attention_forward_item(int w, int H, int BH, int q_tiles, int& b, int& h, int& q0) {
@@ -432,9 +447,9 @@ __device__ __forceinline__ void attention_forward_item(int w, int H, int BH, int
     q0 = (q_tiles - 1 - w / BH) * WGMMA_ROWS;
 }
 
-// grid: at most B * H * ceil(T / 128) (persistent: the SMs), block 384; CTA c takes work items c, c + gridDim.x, ...
-// (attention_forward_item). qkv_map: qkv as the 4-D tensor (hd, head, token, batch), box (64, 1, 128, 1), 128-byte
-// swizzle (attention_qkv_tensor_map).
+// grid: at most B * H * ceil(T / 128) (persistent: the SMs), block 384; a CTA takes the work items persistent_item
+// gives it (attention_forward_item). qkv_map: qkv as the 4-D tensor (hd, head, token, batch), box (64, 1, 128, 1),
+// 128-byte swizzle (attention_qkv_tensor_map).
 template <int HD, int STAGES, bool OVERLAP>
 __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap qkv_map, __nv_bfloat16* out, float* lse, int B,
@@ -442,7 +457,8 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma and setmaxnreg exist only in sm_90a code
     constexpr int BN = WGMMA_FWD_KEYS, QBYTES = WGMMA_ROWS * HD * 2, TBYTES = BN * HD * 2;  // tile sizes in bytes
     constexpr int QBUF = attention_forward_wgmma_q_buffers<HD, STAGES>();
-    constexpr bool PERSISTENT = QBUF == 2;  // else one item per CTA (attention_forward_wgmma_launch)
+    constexpr bool EARLY_Q = QBUF == 1 && OVERLAP;  // Q released after the last S product (above)
+    constexpr bool PERSISTENT = attention_forward_wgmma_persistent<HD, STAGES, OVERLAP>();
     static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
     static_assert(STAGES >= 2, "at least 2 K / V stages");
     static_assert(!(OVERLAP && HD == 64) || STAGES >= 3, "LATE_WAIT (hd 64 with overlap) needs at least 3 stages");
@@ -465,7 +481,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
         setmaxnreg_dec<WGMMA_PRODUCER_REGS>();
         if (threadIdx.x < 32 && elect_one_sync()) {
             int it = 0;  // K / V tiles loaded so far: tile `it` goes to stage it % STAGES in round it / STAGES
-            for (int item = blockIdx.x, i = 0; item < n_items; item += gridDim.x, i++) {
+            for (int i = 0, item = persistent_item(0); item < n_items; item = persistent_item(++i)) {
                 int b, h, q0;
                 attention_forward_item(item, H, BH, q_tiles, b, h, q0);
                 const int kvh = h / (H / KV), n_tiles = ceil_div(min(q0 + WGMMA_ROWS, T), BN);
@@ -497,11 +513,14 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
 
     // Consumers.
     setmaxnreg_inc<WGMMA_CONSUMER_REGS>();
-    const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    // Through a shuffle as in the backward's kernels (below): ptxas then keeps the wgmma descriptors in uniform
+    // registers (52 -> 20 R2UR moves at hd 64, 74 -> 18 at hd 128; the same speed, H100).
+    const int wg = __shfl_sync(0xffffffff, (int)threadIdx.x / 128 - 1, 0);
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, c = 2 * (lane % 4);
     if (wg == 1) named_barrier_arrive<WGMMA_CONSUMERS>(1);  // consumer 0 issues first
     int base = 0;  // K / V tiles of the CTA's earlier items: tile j of this one is ring entry base + j
-    for (int item = blockIdx.x, i = 0; item < n_items; item += gridDim.x, i++) {
+    for (int i = 0, item = persistent_item(0); item < n_items; item = persistent_item(++i)) {
         int b, h, q0;
         attention_forward_item(item, H, BH, q_tiles, b, h, q0);
         const int n_tiles = ceil_div(min(q0 + WGMMA_ROWS, T), BN);  // causal: keys up to the item's last query
@@ -575,6 +594,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
                 named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
                 wgmma_wait_group<1>();  // groups complete in order: S_{j+1} is done, P_j V_j may still run
                 pin_registers(s);
+                if (EARLY_Q && j + 2 == n_tiles) mbarrier_arrive(q_empty0 + 8 * buf);  // the item's last S is done
                 attention_forward_wgmma_softmax(s, p_next, m, l, alpha, (j + 1) * BN, qwg, row0, c, scale_log2);
                 if constexpr (!LATE_WAIT) {
                     wgmma_wait_group<0>();  // P_j V_j done: O may be rescaled, P_j's registers and stage st are free
@@ -613,6 +633,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             named_barrier_arrive<WGMMA_CONSUMERS>(2 - wg);
             wgmma_wait_group<0>();
             pin_registers(s);
+            if (EARLY_Q && n_tiles == 1) mbarrier_arrive(q_empty0 + 8 * buf);
             attention_forward_wgmma_softmax(s, p, m, l, alpha, 0, qwg, row0, c, scale_log2);
             int j = 0;
             for (; j + 2 < n_tiles; j += 2) {
@@ -629,7 +650,8 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
         base += n_tiles;
 
         // Epilogue. lse, then O / l as bf16 into the warpgroup's own rows of the (dead) Q tile, then coalesced
-        // stores; then the buffer is released for a later item's Q.
+        // stores; then the buffer is released for a later item's Q. With the Q released early, O goes out from the
+        // registers: 4-byte stores, a quad's lanes 16 contiguous bytes of a row.
         float inv_l[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -639,6 +661,21 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             inv_l[r] = 1.0f / sum;
             const int q = row0 + 8 * r;
             if (lane % 4 == 0 && q < T) lse[((size_t)b * H + h) * T + q] = (m[r] + log2f(sum)) * ATTN_LN2;
+        }
+        const size_t out_stride = (size_t)H * HD;
+        __nv_bfloat16* dst = out + (size_t)b * T * out_stride + (size_t)h * HD;
+        if constexpr (EARLY_Q) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                if (row0 + 8 * r >= T) continue;
+                __nv_bfloat16* row = dst + (size_t)(row0 + 8 * r) * out_stride + c;
+#pragma unroll
+                for (int jn = 0; jn < HD / 8; jn++) {
+                    *reinterpret_cast<uint32_t*>(row + 8 * jn) =
+                        pack_bf16x2(o[4 * jn + 2 * r] * inv_l[r], o[4 * jn + 2 * r + 1] * inv_l[r]);
+                }
+            }
+            continue;
         }
         uint8_t* staged = smem_ptr + buf * QBYTES;
         const int lr = 64 * wg + 16 * warp + g;  // the thread's first row inside the Q tile
@@ -651,8 +688,6 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
             }
         }
         named_barrier_sync<128>(3 + wg);  // the warpgroup's rows are staged
-        const size_t out_stride = (size_t)H * HD;
-        __nv_bfloat16* dst = out + (size_t)b * T * out_stride + (size_t)h * HD;
         constexpr int CHUNKS = HD / 8;
         const int t = threadIdx.x % 128;
 #pragma unroll
@@ -964,8 +999,8 @@ __host__ __device__ constexpr size_t attention_backward_dq_wgmma_smem_bytes() {
 }
 
 // dQ for work items (b, h, tile of 128 queries), in the forward's order (attention_forward_item). grid: at most
-// B * H * ceil(T / 128) CTAs (persistent: the SMs), block 384; CTA c takes items c, c + gridDim.x, ... q_map: qkv
-// with 128-row boxes; do_map: dout with 128-row boxes; kv_map: qkv with BN-row boxes.
+// B * H * ceil(T / 128) CTAs (persistent: the SMs), block 384; a CTA takes the items persistent_item gives it. q_map:
+// qkv with 128-row boxes; do_map: dout with 128-row boxes; kv_map: qkv with BN-row boxes.
 template <int HD>
 __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     attention_backward_dq_wgmma_kernel(const __grid_constant__ CUtensorMap q_map,
@@ -998,7 +1033,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
         setmaxnreg_dec<WGMMA_PRODUCER_REGS>();
         if (threadIdx.x < 32 && elect_one_sync()) {
             int it = 0;  // K / V tiles loaded so far: tile `it` goes to stage it % S in round it / S
-            for (int item = blockIdx.x, i = 0; item < n_items; item += gridDim.x, i++) {
+            for (int i = 0, item = persistent_item(0); item < n_items; item = persistent_item(++i)) {
                 int b, h, q0;
                 attention_forward_item(item, H, BH, q_tiles, b, h, q0);
                 const int kvh = h / (H / KV), n_tiles = ceil_div(min(q0 + ROWS, T), BN);
@@ -1035,7 +1070,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
     const int g = lane / 4, c = 2 * (lane % 4);
     // K / V tile j of an item: stage and phase of the ring, counted rather than divided, carried across items
     int stage = 0, phase = 0;
-    for (int item = blockIdx.x, i = 0; item < n_items; item += gridDim.x, i++) {
+    for (int i = 0, item = persistent_item(0); item < n_items; item = persistent_item(++i)) {
         int b, h, q0;
         attention_forward_item(item, H, BH, q_tiles, b, h, q0);
         const int n_tiles = ceil_div(min(q0 + ROWS, T), BN);  // causal: keys up to the item's last query
@@ -1170,7 +1205,7 @@ inline void wgmma_check_register_split(Kernel kernel, const char* name, bool& ch
     checked = true;
 }
 
-// Persistent (one CTA per SM taking work items in turn) where two Q buffers fit (hd 64), unless one_item_per_cta;
+// Persistent (one CTA per SM taking work items in turn: attention_forward_wgmma_persistent) unless one_item_per_cta;
 // else one CTA per work item.
 template <int HD, int STAGES, bool OVERLAP>
 inline void attention_forward_wgmma_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV,
@@ -1183,7 +1218,7 @@ inline void attention_forward_wgmma_launch(floatX* out, float* lse, const floatX
     const CUtensorMap map = attention_heads_tensor_map(qkv, B, T, H + 2 * KV, HD, WGMMA_ROWS);
     const float scale_log2 = ATTN_LOG2E / sqrtf((float)HD);
     const int items = B * H * ceil_div(T, WGMMA_ROWS);
-    const bool persistent = attention_forward_wgmma_q_buffers<HD, STAGES>() == 2 && !one_item_per_cta;
+    const bool persistent = attention_forward_wgmma_persistent<HD, STAGES, OVERLAP>() && !one_item_per_cta;
     const int grid = persistent ? std::min(items, wgmma_sm_count()) : items;
     attention_forward_wgmma_kernel<HD, STAGES, OVERLAP>
         <<<grid, WGMMA_WS_THREADS, smem, stream>>>(map, out, lse, B, T, H, KV, scale_log2);

@@ -10,7 +10,8 @@
 // The kernel (dev/cuda/matmul_wgmma.cu, versions 6, 7 and 9): persistent, one CTA of 3 warpgroups per SM, clusters
 // of two CTAs along N (tokens).
 //   * Warpgroup 0 produces: one thread loads each 64-deep k-block of A (128 rows of x or dout) and B (192 columns)
-//     by TMA (128-byte swizzle) into a ring of 4 stages (full / empty mbarriers). The two CTAs of a cluster take
+//     by TMA (128-byte swizzle) into a ring of stages (full / empty mbarriers; 4 in the forward, 5 in the backward,
+//     whose mainloop waits for its data under the epilogue's HBM traffic). The two CTAs of a cluster take
 //     tiles one above the other, which share B: each loads half of B's k-block and multicasts it to both, so a stage
 //     is refilled only when the consumers of both CTAs are done with it. In the forward B's two halves are 96 rows
 //     of w1 and the same 96 features' rows of w3, so each thread holds a feature's gate and up in one tile; in the
@@ -19,7 +20,8 @@
 //     192 fp32 accumulators a thread), taking the CTA's tiles in turn, so one warpgroup's epilogue runs while the
 //     other's products keep the tensor cores busy (named barriers 1 and 2 pass the mainloop's turn).
 //   * The epilogue: each warp writes its 32 rows of the tile as bf16 into its shared buffer (rows padded to 400
-//     bytes: conflict-free), then reads them back 16 bytes a lane and stores them with the SwiGLU pass's outputs:
+//     bytes: conflict-free; the backward's buffer holds 16 rows, one half after the other, to make room for its
+//     fifth stage), then reads them back 16 bytes a lane and stores them with the SwiGLU pass's outputs:
 //     forward g, u and hact; backward, beside 16-byte loads of g and u several in flight (fragment-order 4-byte loads
 //     leave HBM idle), dg, du and hact. The two warpgroups take turns on the buffers (named barriers 3 and 4).
 // Measured on an H100 at the power cap (dev/cuda/matmul_wgmma.cu, the 1B's shape N = 16384, F = 8192, C = 2048):
@@ -37,20 +39,22 @@
 
 #if !defined(ENABLE_FP32)
 
-constexpr int MMSW_BM = 128, MMSW_BN = 192, MMSW_BK = 64, MMSW_STAGES = 4, MMSW_THREADS = 384;
+constexpr int MMSW_BM = 128, MMSW_BN = 192, MMSW_BK = 64, MMSW_THREADS = 384;
 constexpr int MMSW_GROUP_UNITS = 8;  // units (tile pairs) per group of rows in the persistent order (L2 reuse)
 constexpr int MMSW_A_BYTES = MMSW_BM * MMSW_BK * 2, MMSW_B_BYTES = MMSW_BN * MMSW_BK * 2;
 constexpr int MMSW_STAGE_BYTES = MMSW_A_BYTES + MMSW_B_BYTES;
 constexpr int MMSW_PRODUCER_REGS = 24, MMSW_CONSUMER_REGS = 240;  // 128 x 24 + 256 x 240 = 384 x 168
-constexpr int MMSW_ROW_BYTES = MMSW_BN * 2 + 16, MMSW_WARP_BYTES = 32 * MMSW_ROW_BYTES;
-constexpr int MMSW_SMEM_BYTES = MMSW_STAGES * MMSW_STAGE_BYTES + 4 * MMSW_WARP_BYTES + 1024 + 16 * MMSW_STAGES;
+constexpr int MMSW_ROW_BYTES = MMSW_BN * 2 + 16;
 
-// What each direction's epilogue reads and writes; the kernel is templated on it.
+// What each direction's epilogue reads and writes; the kernel is templated on it. `stages`: the ring's depth;
+// `rows`: a warp's rows staged in shared memory at a time (its 32, or one 16-row half after the other, which frees
+// the room for a fifth stage).
 struct SwigluForwardEpilogue {
     floatX* h13;   // (N, 2F) = [g | u], written
     floatX* hact;  // (N, F), written
     static constexpr bool forward = true;
     static constexpr int features = MMSW_BN / 2;  // per tile: a tile's columns are 96 gates and their 96 ups
+    static constexpr int stages = 4, rows = 32;
 };
 struct SwigluBackwardEpilogue {
     const floatX* h13;  // (N, 2F) = [g | u]
@@ -58,7 +62,17 @@ struct SwigluBackwardEpilogue {
     floatX* hact;       // (N, F), written unless nullptr
     static constexpr bool forward = false;
     static constexpr int features = MMSW_BN;
+    static constexpr int stages = 5, rows = 16;
 };
+
+// Shared memory: the ring, four warps' staging buffers, 1024 bytes of alignment slack, the full / empty barriers.
+template <typename Epilogue>
+constexpr int matmul_swiglu_smem_bytes() {
+    return Epilogue::stages * MMSW_STAGE_BYTES + 4 * Epilogue::rows * MMSW_ROW_BYTES + 1024 + 16 * Epilogue::stages;
+}
+static_assert(matmul_swiglu_smem_bytes<SwigluForwardEpilogue>() <= 227 * 1024 &&
+                  matmul_swiglu_smem_bytes<SwigluBackwardEpilogue>() <= 227 * 1024,
+              "an SM's shared memory holds at most 227 KiB per block");
 
 // Eight features of one row: g and u in (bf16), hact out, as swiglu_forward_kernel computes it.
 __device__ __forceinline__ uint4 swiglu_forward8(uint4 gv, uint4 uv) {
@@ -96,84 +110,97 @@ __device__ __forceinline__ void swiglu_backward8(uint4 dv, uint4 gv, uint4 uv, u
     }
 }
 
-// One warp's rows of the tile into its shared buffer as bf16: rows 16 warp + g (+ 8) of each 64-row half of the
-// tile become buffer rows 16 h + g (+ 8), columns 8 j + c, +1 of the fragments.
-__device__ __forceinline__ void stage_tile_rows(const float (&acc)[2][96], uint32_t buf, int lane) {
+// One warp's rows of the tile into its shared buffer as bf16, ROWS / 16 of its two 16-row halves from `first` on:
+// rows 16 warp + g (+ 8) of the tile's 64-row half h become buffer rows 16 (h - first) + g (+ 8), columns 8 j + c,
+// +1 of the fragments.
+template <int ROWS>
+__device__ __forceinline__ void stage_tile_rows(const float (&acc)[2][96], int first, uint32_t buf, int lane) {
     const int g = lane / 4, c = 2 * (lane % 4);
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
+    for (int i = 0; i < ROWS / 16; i++) {
+        const float* half = acc[first + i];
 #pragma unroll
         for (int j = 0; j < 24; j++) {
-            const uint32_t at = buf + (16 * h + g) * MMSW_ROW_BYTES + (8 * j + c) * 2;
-            st_shared_u32(at, pack_bf16x2(acc[h][4 * j], acc[h][4 * j + 1]));
-            st_shared_u32(at + 8 * MMSW_ROW_BYTES, pack_bf16x2(acc[h][4 * j + 2], acc[h][4 * j + 3]));
+            const uint32_t at = buf + (16 * i + g) * MMSW_ROW_BYTES + (8 * j + c) * 2;
+            st_shared_u32(at, pack_bf16x2(half[4 * j], half[4 * j + 1]));
+            st_shared_u32(at + 8 * MMSW_ROW_BYTES, pack_bf16x2(half[4 * j + 2], half[4 * j + 3]));
         }
     }
     __syncwarp();
 }
 
-// The tile row of the warp's buffer row r.
+// The tile row of the warp's row r (0-31: its rows of the first 64-row half, then of the second).
 __device__ __forceinline__ int tile_row_of(int r, int warp) { return 64 * (r / 16) + 16 * warp + r % 16; }
 
 // The forward's epilogue, one warp: its 32 rows of the tile of 96 features from `feature0` on (gates in the tile's
-// columns 0-95, ups in 96-191); features at or past F (the last tile column) are skipped.
+// columns 0-95, ups in 96-191), ROWS at a time through its buffer; features at or past F (the last tile column) are
+// skipped.
 __device__ __forceinline__ void swiglu_epilogue(const float (&acc)[2][96], uint32_t buf,
                                                 const SwigluForwardEpilogue& epi, int tile_row, int feature0, int F,
                                                 int warp, int lane) {
-    stage_tile_rows(acc, buf, lane);
+    constexpr int ROWS = SwigluForwardEpilogue::rows;
     constexpr int VECS = MMSW_BN / 16;  // vectors of 8 features in a row's gates (and in its ups)
+#pragma unroll
+    for (int pass = 0; pass < 32 / ROWS; pass++) {
+        stage_tile_rows<ROWS>(acc, pass * ROWS / 16, buf, lane);
 #pragma unroll 4
-    for (int i = 0; i < VECS; i++) {  // 32 rows x 12 vectors, 12 per lane
-        const int v = lane + 32 * i, r = v / VECS, q = v % VECS, col = feature0 + 8 * q;
-        const int row = tile_row + tile_row_of(r, warp);
-        if (col < F) {
-            const uint4 gv = ld_shared_v4(buf + r * MMSW_ROW_BYTES + 16 * q);
-            const uint4 uv = ld_shared_v4(buf + r * MMSW_ROW_BYTES + MMSW_BN + 16 * q);
-            floatX* gate = epi.h13 + (size_t)row * 2 * F + col;
-            *reinterpret_cast<uint4*>(gate) = gv;
-            *reinterpret_cast<uint4*>(gate + F) = uv;
-            *reinterpret_cast<uint4*>(epi.hact + (size_t)row * F + col) = swiglu_forward8(gv, uv);
+        for (int i = 0; i < ROWS * VECS / 32; i++) {  // ROWS rows x 12 vectors
+            const int v = lane + 32 * i, r = v / VECS, q = v % VECS, col = feature0 + 8 * q;
+            const int row = tile_row + tile_row_of(pass * ROWS + r, warp);
+            if (col < F) {
+                const uint4 gv = ld_shared_v4(buf + r * MMSW_ROW_BYTES + 16 * q);
+                const uint4 uv = ld_shared_v4(buf + r * MMSW_ROW_BYTES + MMSW_BN + 16 * q);
+                floatX* gate = epi.h13 + (size_t)row * 2 * F + col;
+                *reinterpret_cast<uint4*>(gate) = gv;
+                *reinterpret_cast<uint4*>(gate + F) = uv;
+                *reinterpret_cast<uint4*>(epi.hact + (size_t)row * F + col) = swiglu_forward8(gv, uv);
+            }
         }
+        __syncwarp();
     }
-    __syncwarp();
 }
 
-// The backward's epilogue, one warp: its 32 rows of the dhact tile at columns (features) feature0 onwards; columns
-// at or past F (the last tile column) are skipped.
+// The backward's epilogue, one warp: its 32 rows of the dhact tile at columns (features) feature0 onwards, ROWS at
+// a time through its buffer; columns at or past F (the last tile column) are skipped.
 __device__ __forceinline__ void swiglu_epilogue(const float (&acc)[2][96], uint32_t buf,
                                                 const SwigluBackwardEpilogue& epi, int tile_row, int feature0, int F,
                                                 int warp, int lane) {
-    stage_tile_rows(acc, buf, lane);
-    // 32 rows x 24 vectors of 8 columns, 24 per lane, 4 at a time (6 or more spill: the loads' registers)
+    constexpr int ROWS = SwigluBackwardEpilogue::rows;
+    // ROWS rows x 24 vectors of 8 columns per pass, 4 at a time per lane (6 or more spill: the loads' registers)
     constexpr int VECS = MMSW_BN / 8, BATCH = 4;
+#pragma unroll
+    for (int pass = 0; pass < 32 / ROWS; pass++) {
+        stage_tile_rows<ROWS>(acc, pass * ROWS / 16, buf, lane);
 #pragma unroll 1
-    for (int batch = 0; batch < VECS / BATCH; batch++) {
-        uint4 gv[BATCH], uv[BATCH];
+        for (int batch = 0; batch < ROWS * VECS / 32 / BATCH; batch++) {
+            uint4 gv[BATCH], uv[BATCH];
 #pragma unroll
-        for (int i = 0; i < BATCH; i++) {
-            const int v = lane + 32 * (BATCH * batch + i), col = feature0 + 8 * (v % VECS);
-            const int row = tile_row + tile_row_of(v / VECS, warp);
-            if (col < F) {
-                const floatX* gate = epi.h13 + (size_t)row * 2 * F + col;
-                gv[i] = __ldg(reinterpret_cast<const uint4*>(gate));
-                uv[i] = __ldg(reinterpret_cast<const uint4*>(gate + F));
+            for (int i = 0; i < BATCH; i++) {
+                const int v = lane + 32 * (BATCH * batch + i), col = feature0 + 8 * (v % VECS);
+                const int row = tile_row + tile_row_of(pass * ROWS + v / VECS, warp);
+                if (col < F) {
+                    const floatX* gate = epi.h13 + (size_t)row * 2 * F + col;
+                    gv[i] = __ldg(reinterpret_cast<const uint4*>(gate));
+                    uv[i] = __ldg(reinterpret_cast<const uint4*>(gate + F));
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < BATCH; i++) {
+                const int v = lane + 32 * (BATCH * batch + i), r = v / VECS, col = feature0 + 8 * (v % VECS);
+                const int row = tile_row + tile_row_of(pass * ROWS + r, warp);
+                if (col < F) {
+                    uint4 dg, du, act;
+                    swiglu_backward8(ld_shared_v4(buf + r * MMSW_ROW_BYTES + (v % VECS) * 16), gv[i], uv[i], dg, du,
+                                     act);
+                    floatX* dgate = epi.dh13 + (size_t)row * 2 * F + col;
+                    *reinterpret_cast<uint4*>(dgate) = dg;
+                    *reinterpret_cast<uint4*>(dgate + F) = du;
+                    if (epi.hact != nullptr) *reinterpret_cast<uint4*>(epi.hact + (size_t)row * F + col) = act;
+                }
             }
         }
-#pragma unroll
-        for (int i = 0; i < BATCH; i++) {
-            const int v = lane + 32 * (BATCH * batch + i), r = v / VECS, col = feature0 + 8 * (v % VECS);
-            const int row = tile_row + tile_row_of(r, warp);
-            if (col < F) {
-                uint4 dg, du, act;
-                swiglu_backward8(ld_shared_v4(buf + r * MMSW_ROW_BYTES + (v % VECS) * 16), gv[i], uv[i], dg, du, act);
-                floatX* dgate = epi.dh13 + (size_t)row * 2 * F + col;
-                *reinterpret_cast<uint4*>(dgate) = dg;
-                *reinterpret_cast<uint4*>(dgate + F) = du;
-                if (epi.hact != nullptr) *reinterpret_cast<uint4*>(epi.hact + (size_t)row * F + col) = act;
-            }
-        }
+        __syncwarp();
     }
-    __syncwarp();
 }
 
 // Work unit `unit` of the persistent order (a pair of tiles one above the other): groups of MMSW_GROUP_UNITS unit
@@ -194,18 +221,19 @@ __global__ void __launch_bounds__(MMSW_THREADS, 1)
     matmul_swiglu_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                          const __grid_constant__ CUtensorMap b3_map, int M, int F, int K, const Epilogue epi) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int CLUSTER = 2, TRANS_B = Epilogue::forward ? 0 : 1;
+    constexpr int CLUSTER = 2, TRANS_B = Epilogue::forward ? 0 : 1, STAGES = Epilogue::stages;
+    constexpr int WARP_BYTES = Epilogue::rows * MMSW_ROW_BYTES;
     extern __shared__ uint8_t smem_raw[];
     const uint32_t smem = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    const uint32_t a_sm = smem, b_sm = smem + MMSW_STAGES * MMSW_A_BYTES;
-    const uint32_t epilogue_sm = b_sm + MMSW_STAGES * MMSW_B_BYTES, full0 = epilogue_sm + 4 * MMSW_WARP_BYTES;
-    const uint32_t empty0 = full0 + 8 * MMSW_STAGES;
+    const uint32_t a_sm = smem, b_sm = smem + STAGES * MMSW_A_BYTES;
+    const uint32_t epilogue_sm = b_sm + STAGES * MMSW_B_BYTES, full0 = epilogue_sm + 4 * WARP_BYTES;
+    const uint32_t empty0 = full0 + 8 * STAGES;
     const int rank = (int)cluster_cta_rank();
     const int units_m = M / MMSW_BM / CLUSTER, units_n = (F + Epilogue::features - 1) / Epilogue::features;
     const int n_units = units_m * units_n;
     const int k_blocks = K / MMSW_BK, first_unit = blockIdx.x / CLUSTER, unit_stride = gridDim.x / CLUSTER;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < MMSW_STAGES; s++) {
+        for (int s = 0; s < STAGES; s++) {
             mbarrier_init(full0 + 8 * s, 1);
             mbarrier_init(empty0 + 8 * s, 4 * CLUSTER);  // the using warpgroup's 4 warps, in both CTAs
         }
@@ -222,7 +250,7 @@ __global__ void __launch_bounds__(MMSW_THREADS, 1)
                 matmul_swiglu_unit(unit, units_m, units_n, um, tn);
                 const int tm = um * CLUSTER + rank;
                 for (int kb = 0; kb < k_blocks; kb++, it++) {
-                    const int s = it % MMSW_STAGES, round = it / MMSW_STAGES;
+                    const int s = it % STAGES, round = it / STAGES;
                     const uint32_t full = full0 + 8 * s, b_dst = b_sm + s * MMSW_B_BYTES;
                     if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);
                     mbarrier_arrive_expect_tx(full, MMSW_STAGE_BYTES);
@@ -244,7 +272,12 @@ __global__ void __launch_bounds__(MMSW_THREADS, 1)
         __syncwarp();
     } else {
         setmaxnreg_inc<MMSW_CONSUMER_REGS>();
-        const int wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+        // The warpgroup's index through a shuffle, a value ptxas knows is the same across the warp: from threadIdx.x
+        // / 128 - 1 it built every k-block's 16 wgmma descriptors in per-thread registers and moved them to uniform
+        // ones one by one (R2UR), 125 instructions a k-block that delayed the wgmmas (backward 4-5% slower, forward
+        // 1%).
+        const int wg = __shfl_sync(0xffffffff, (int)threadIdx.x / 128 - 1, 0);
+        const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
         const uint64_t a_desc = wgmma_desc_sw128(a_sm, 16, 1024);
         // B: K-major like A (forward), or 64-column blocks of 64 k-rows (backward)
         const uint64_t b_desc = wgmma_desc_sw128(b_sm, TRANS_B ? MMSW_BK * 128 : 16, 1024);
@@ -273,8 +306,8 @@ __global__ void __launch_bounds__(MMSW_THREADS, 1)
             for (int i = 0; i < 96; i++) acc[0][i] = acc[1][i] = 0.0f;
             named_barrier_sync<256>(1 + wg);
             for (int kb = 0; kb < k_blocks; kb++, it++) {
-                const int s = it % MMSW_STAGES;
-                mbarrier_wait(full0 + 8 * s, (it / MMSW_STAGES) & 1);
+                const int s = it % STAGES;
+                mbarrier_wait(full0 + 8 * s, (it / STAGES) & 1);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < MMSW_BK / 16; kk++) {
@@ -289,16 +322,16 @@ __global__ void __launch_bounds__(MMSW_THREADS, 1)
                 wgmma_commit_group();
                 if (kb > 0) {  // the previous k-block's wgmmas are done: its stage is free
                     wgmma_wait_group<1>();
-                    release((it - 1) % MMSW_STAGES);
+                    release((it - 1) % STAGES);
                 }
             }
             if (unit + unit_stride < n_units) named_barrier_arrive<256>(2 - wg);  // the next tile's mainloop
             wgmma_wait_group<0>();
             pin_registers(acc[0]);
             pin_registers(acc[1]);
-            release((it - 1) % MMSW_STAGES);
+            release((it - 1) % STAGES);
             named_barrier_sync<256>(3 + wg);
-            swiglu_epilogue(acc, epilogue_sm + warp * MMSW_WARP_BYTES, epi, tm * MMSW_BM, tn * Epilogue::features,
+            swiglu_epilogue(acc, epilogue_sm + warp * WARP_BYTES, epi, tm * MMSW_BM, tn * Epilogue::features,
                             F, warp, lane);
             if (unit + unit_stride < n_units) named_barrier_arrive<256>(4 - wg);  // the next tile's epilogue
         }
@@ -336,12 +369,12 @@ inline void matmul_swiglu_launch(const CUtensorMap& a_map, const CUtensorMap& b_
     attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
     cudaLaunchConfig_t config = {};
     config.blockDim = dim3(MMSW_THREADS);
-    config.dynamicSmemBytes = MMSW_SMEM_BYTES;
+    config.dynamicSmemBytes = matmul_swiglu_smem_bytes<Epilogue>();
     config.attrs = &attr;
     config.numAttrs = 1;
     if (clusters == 0) {
         cudaCheck(cudaFuncSetAttribute(matmul_swiglu_kernel<Epilogue>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       MMSW_SMEM_BYTES));
+                                       matmul_swiglu_smem_bytes<Epilogue>()));
         int sms = 0, device = 0;
         cudaCheck(cudaGetDevice(&device));
         cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));

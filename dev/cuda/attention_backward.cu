@@ -223,6 +223,9 @@
 //       the forward's longest-first order, with two (Q, dO) buffers (they fit at both head dims), so the next
 //       item's Q and dO load while this one's last tiles and stores run. H100, two alternating rounds of the old
 //       and new binaries: 337.1-337.7 -> 346.9-347.5 / 490.9-491.9 -> 490.4-494.1 / 511.8-517.7 -> 522.2-523.8.
+//       Then (session 23) its items handed out in the snake order (llmc's persistent_item) instead of at a fixed
+//       stride, which gave CTA 0 the longest item of every round. H100, two alternating rounds: 345.5, 348.1 ->
+//       350.1, 348.6 / 493.1, 493.8 -> 502.2, 502.7 / 515.9, 503.8 -> 535.7, 519.0 TFLOP/s.
 //   v11: v10 given RoPE's table, as the trainer calls it: RoPE's backward on dq and dk applied as the kernels store
 //       them (llmc/attention_wgmma.cuh wgmma_store_rows), so the trainer's separate rope_backward pass over dqkv is
 //       gone. Validated against the CPU reference followed by the CPU RoPE backward, and bit for bit against v10

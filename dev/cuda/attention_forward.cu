@@ -93,6 +93,20 @@
 //       Tried: persistent at hd 128 too, the next item's first two K / V tiles loaded before its Q waits for the
 //       epilogue to free the buffer: (2, 4096) 587-595 against 600, (1, 8192) 636 against 667 (attention_vs_pytorch,
 //       same call); not kept.
+//       Session 23: persistent at hd 128 as well, its one Q buffer released as soon as the item's last S product is
+//       done (every consumer thread arrives on q_empty after the wgmma wait that completes it), so the next item's
+//       Q loads under the last P V; the epilogue then stores O from the registers (4-byte stores, a quad's lanes 16
+//       contiguous bytes of a row) instead of staging it through the Q tile. The same bits. With the items handed
+//       out at a fixed stride (CTA c: c, c + SMs, ...) it was slower, because the longest-first order gave CTA 0 the
+//       longest item of every round; with the snake order (llmc's persistent_item: every other round in reverse
+//       CTA order) it is faster. H100, two alternating rounds of four builds, v6 TFLOP/s (the shuffle of the
+//       warpgroup index in all of them; hd 64 shapes / (2, 4096, 128) / (1, 8192, 128)):
+//         session 22's kernel:                  391.6, 390.8 / 597.7, 599.4 / 667.7, 669.1
+//         hd 128 early Q, fixed stride:         389.2, 385.9 / 591.6, 592.5 / 610.2, 638.3
+//         snake order, hd 128 one item per CTA: 394.3, 398.1 / 571.5, 571.7 / 643.8, 641.3
+//         both (kept):                          397.0, 392.3 / 615.0, 612.4 / 673.8, 670.3
+//       The hd 128 kernel carries 32 bytes of spills (the item loop's state), loaded once per item, none in the
+//       tile loop. memcheck, synccheck and racecheck on attention_lib's smoke test: 0 errors, 0 hazards.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_forward.cu
 // Run:   ./attention_forward [version]     (no argument: every version; the fp32 build has only v1)

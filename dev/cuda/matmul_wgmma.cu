@@ -125,6 +125,21 @@
 //   * cache hints on the epilogue's traffic: g, u loaded with ld.global.cs or .cg, dg, du and hact stored with
 //     st.global.cs or .cg: 1.072-1.103 ms for every combination against 1.075-1.101 for the plain loads and stores;
 //     version 9 (the forward) 1.658-1.712 against 1.658-1.703.
+// Session 23 (H100, fast-math builds, sustained ms per call, alternating builds), kept in llmc/:
+//   * the consumers' warpgroup index through __shfl_sync (as the attention kernels have it). Computed as
+//     threadIdx.x / 128 - 1, ptxas could not tell it is the same across a warp, so `it`, the stage and every wgmma
+//     descriptor of a k-block lived in per-thread registers: each k-block rebuilt the 16 descriptors and moved them
+//     to uniform registers one R2UR at a time, about 125 instructions between the full-barrier wait and the last
+//     wgmma, with NOPs for the moves' latency (ncu on version 7: 210 M instructions, tensor pipe 68.6%, 1.05 ms at
+//     1.42 GHz). Through the shuffle the loop is uniform-datapath arithmetic and the wgmmas issue back to back:
+//     version 7 1.075-1.097 -> 1.033-1.044 ms, version 9 1.696-1.717 -> 1.676-1.696 (two runs of two rounds). Under
+//     ncu the consumers then wait longer on the stages' full barriers (8.2 K samples against 6.6 K): the mainloop
+//     starves for its TMA data under the epilogue's HBM traffic (DRAM 60% busy, 2.0 TB/s);
+//   * so the backward's ring has 5 stages, made room for by staging each warp's rows 16 at a time (the epilogue's
+//     buffer 25.6 KB instead of 51.2): version 7 1.026-1.037 -> 1.008-1.016 ms. The forward keeps 4 stages and 32
+//     rows: with 5 and 16 it ran 1.713-1.744 against 1.675-1.714. In the trainer (trace of 1B steps 4-11): the fused
+//     backward 946 us per layer (session 21: 1044-1062), the fused forward 1552 us, level with cuBLASLt's w13 dinp
+//     product of the same size (1557 us).
 // What ncu says of cuBLASLt's fastest w13 kernel (nvjet 176x128, ping-pong, 1x2 clusters, 1.456 ms at 1.41 GHz
 // against version 6's 1.609 ms): 99% tensor-pipe issue against 88.6%; 114.6 M instructions against 216.5 M; its
 // consumers find the next stage loaded (735 slow-path waits in 1.5 M k-blocks, against 2.0 M retries in 1.4 M for
