@@ -32,9 +32,11 @@
 // waited on). The CTA's K / V tiles, counted over its items, take the stages in turn: tile j uses stage j % STAGES
 // in round j / STAGES; round r waits for phase r of full (parity r % 2), and the producer refilling the stage in
 // round r >= 1 waits for phase r - 1 of empty. Each Q buffer has its own pair: q_full (the TMA) and q_empty (256
-// arrivals once the epilogue that staged its output there is done, after a proxy fence, since TMA writes next).
+// arrivals: with two buffers once the epilogue that staged its output there is done, after a proxy fence, since TMA
+// writes next; with one, as soon as the item's last S product is done).
 // Epilogue per consumer warpgroup: O / l as bf16 through the warpgroup's own rows of the dead Q tile (named barrier
-// 3 + w), then 16-byte stores; lse = (m + log2 l) ln 2.
+// 3 + w), then 16-byte stores, or with one Q buffer (released early) straight from the registers, 4-byte stores;
+// lse = (m + log2 l) ln 2.
 // smem: 1 or 2 x Q 128 x HD + STAGES x (K, V) 2 x 128 x HD bf16 + the barriers + 1 KiB to align (HD 128, 3 stages,
 // one Q: 225 KiB; HD 64, 6 stages, two: 225 KiB); registers: 168 at launch (384 x 168 = 128 x 24 + 256 x 240 after
 // setmaxnreg). With LATE_WAIT (hd 64) a step waits for tile j + 1 before it releases tile j - 1's stage: at least
@@ -138,7 +140,7 @@ __device__ __forceinline__ void wgmma_init_barriers(uint32_t once, uint32_t full
 }
 
 // The same for a persistent kernel's per-item tiles in q_buffers buffers: q_full[i] (1 arrival: the TMA) and
-// q_empty[i] (one per consumer thread, once the epilogue that staged its output in buffer i is done).
+// q_empty[i] (one per consumer thread, once buffer i's Q is no longer read: see the forward kernel).
 __device__ __forceinline__ void wgmma_init_item_barriers(uint32_t q_full0, uint32_t q_empty0, int q_buffers,
                                                          uint32_t full0, uint32_t empty0, int stages) {
     if (threadIdx.x == 0) {
@@ -498,7 +500,7 @@ __global__ void __launch_bounds__(WGMMA_WS_THREADS, 1)
                     it++;
                 };
                 const int buf = i % QBUF, use = i / QBUF;
-                if (use > 0) mbarrier_wait(q_empty0 + 8 * buf, (use - 1) & 1);  // its last item's epilogue is done
+                if (use > 0) mbarrier_wait(q_empty0 + 8 * buf, (use - 1) & 1);  // its last item is done with it
                 mbarrier_arrive_expect_tx(q_full0 + 8 * buf, QBYTES);
                 for (int cb = 0; cb < HD / 64; cb++) {
                     tma_load_4d(q_sm + buf * QBYTES + cb * (WGMMA_ROWS * 128), &qkv_map, q_full0 + 8 * buf, 64 * cb,

@@ -566,7 +566,8 @@ static void forward_v5_config(floatX* out, float* lse, const floatX* qkv, int B,
     attention_forward(out, lse, qkv, B, T, H, KV, hd, 0);
 }
 
-// v5: v6's kernel (llmc's) launched with one CTA per work item, the schedule before session 22, at hd 64 and 128.
+// v5: v6's kernel (llmc's) launched with one CTA per work item, the schedule before session 22 (at hd 128 with
+// session 23's epilogue: O stored from the registers).
 static void forward_v5(floatX* out, float* lse, const floatX* qkv, int B, int T, int H, int KV, int hd) {
     if ((hd == 64 || hd == 128) && attention_aligned16({out, qkv}) && attention_wgmma_usable()) {
         attention_check_args("forward_v5", B, T, H, KV, hd);
