@@ -15,8 +15,9 @@
 // For a kv head, dk and dv also sum over the H / KV query heads that share it.
 //
 // Paths (each in its own header; every one computes the math above and writes the same outputs):
-//   attention_wgmma.cuh   Hopper wgmma kernels: bf16 build, sm_90a code, compute capability 9.0 (H100 / H200).
-//                         Forward (warp-specialised, TMA) and backward at head_dim 64 and 128.
+//   attention_wgmma_forward.cuh, attention_wgmma_backward.cuh (shared pieces: attention_wgmma.cuh)
+//                         Hopper wgmma kernels: bf16 build, sm_90a code, compute capability 9.0 (H100 / H200).
+//                         Forward and backward, warp-specialised and fed by TMA, at head_dim 64 and 128.
 //   attention_mma.cuh     mma.sync tensor-core forward (FlashAttention-2 style): bf16 build, head_dim 64, GPUs
 //                         from sm_80 on other than Hopper.
 //   attention_scalar.cuh  CUDA-core kernels, fp32 math, any floatX and head_dim 1..128: everything in the fp32 build
@@ -40,7 +41,8 @@
 #include "attention_common.cuh"
 #include "attention_mma.cuh"
 #include "attention_scalar.cuh"
-#include "attention_wgmma.cuh"
+#include "attention_wgmma_backward.cuh"
+#include "attention_wgmma_forward.cuh"
 #include "cuda_common.h"
 #include "rope.cuh"
 

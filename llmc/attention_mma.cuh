@@ -1,6 +1,7 @@
 // Causal GQA attention forward on tensor cores with mma.sync (FlashAttention-2 style, bf16 with fp32 accumulation),
 // head_dim 64, bf16 builds. The trainer's forward at head_dim 64 on GPUs from sm_80 on other than Hopper (on Hopper
-// the warp-specialised wgmma forward of attention_wgmma.cuh is 1.27x faster: dev/cuda/attention_forward.cu, v3 / v5).
+// the warp-specialised wgmma forward of attention_wgmma_forward.cuh is 1.27x faster: dev/cuda/attention_forward.cu,
+// v3 / v5).
 // Same contract as attention_forward in attention.cuh: qkv (B, T, (H + 2 KV) 64) -> out (B, T, H 64), lse (B, H, T)
 // fp32 = log-sum-exp of each row of scaled scores. Instruction and fragment conventions: llmc/ptx.cuh.
 //

@@ -7,25 +7,23 @@
 // same bits as cuBLASLt's product followed by swiglu_forward / swiglu_backward. The forward saves reading h13 back
 // (2 N F bf16), the backward dhact's write and read-back (2 N F).
 //
-// The kernel (dev/cuda/matmul_wgmma.cu, versions 6, 7 and 9): persistent, one CTA of 3 warpgroups per SM, clusters
-// of two CTAs along N (tokens).
-//   * Warpgroup 0 produces: one thread loads each 64-deep k-block of A (128 rows of x or dout) and B (192 columns)
-//     by TMA (128-byte swizzle) into a ring of stages (full / empty mbarriers; 4 in the forward, 5 in the backward,
-//     whose mainloop waits for its data under the epilogue's HBM traffic). The two CTAs of a cluster take
-//     tiles one above the other, which share B: each loads half of B's k-block and multicasts it to both, so a stage
-//     is refilled only when the consumers of both CTAs are done with it. In the forward B's two halves are 96 rows
-//     of w1 and the same 96 features' rows of w3, so each thread holds a feature's gate and up in one tile; in the
-//     backward B is 192 columns of w2.
-//   * Warpgroups 1 and 2 compute, ping-pong: each owns whole 128 x 192 tiles (two m64n192k16 wgmmas per k16 step,
-//     192 fp32 accumulators a thread), taking the CTA's tiles in turn, so one warpgroup's epilogue runs while the
-//     other's products keep the tensor cores busy (named barriers 1 and 2 pass the mainloop's turn).
-//   * The epilogue: each warp writes its 32 rows of the tile as bf16 into its shared buffer (rows padded to 400
+// The kernel: persistent, warp-specialised (pipeline.cuh: a producer warpgroup, two consumer warpgroups, a ring of
+// stages), in clusters of two CTAs along N.
+//   * The producer loads each 64-deep k-block of A (128 rows of x or dout) and B (192 columns) by TMA (128-byte
+//     swizzle) into the ring: 4 stages in the forward, 5 in the backward, whose mainloop waits for its data under the
+//     epilogue's HBM traffic. The two CTAs of a cluster take tiles one above the other, which share B: each loads
+//     half of B's k-block and multicasts it to both, so a stage is refilled only when the consumers of both CTAs are
+//     done with it. In the forward B's halves are 96 rows of w1 and the same 96 features' rows of w3, so each thread
+//     holds a feature's gate and up in one tile; in the backward B is 192 columns of w2.
+//   * The consumers ping-pong: each owns whole 128 x 192 tiles (two m64n192k16 wgmmas per k16 step, 192 fp32
+//     accumulators a thread), taking the CTA's tiles in turn, so one's epilogue runs while the other's products keep
+//     the tensor cores busy.
+//   * The epilogue: each warp writes its 32 rows of the tile as bf16 into its staging buffer (rows padded to 400
 //     bytes: conflict-free; the backward's buffer holds 16 rows, one half after the other, to make room for its
-//     fifth stage), then reads them back 16 bytes a lane and stores them with the SwiGLU pass's outputs:
-//     forward g, u and hact; backward, beside 16-byte loads of g and u several in flight (fragment-order 4-byte loads
-//     leave HBM idle), dg, du and hact. The two warpgroups take turns on the buffers (named barriers 3 and 4).
-// Measured on an H100 at the power cap (dev/cuda/matmul_wgmma.cu, the 1B's shape N = 16384, F = 8192, C = 2048):
-// see that file's header.
+//     fifth stage), then reads them back 16 bytes a lane and stores them with the SwiGLU pass's outputs: forward g, u
+//     and hact; backward, beside 16-byte loads of g and u several in flight (fragment-order 4-byte loads leave HBM
+//     idle), dg, du and hact.
+// Checked against cuBLASLt + the SwiGLU pass, and timed, by dev/cuda/matmul_swiglu.cu; its header has the history.
 #pragma once
 
 #include <algorithm>
@@ -33,18 +31,22 @@
 
 #include "cuda_common.h"
 #include "matmul.cuh"
+#include "pipeline.cuh"
 #include "ptx.cuh"
 #include "swiglu.cuh"
 #include "tensor_map.cuh"
 
 #if !defined(ENABLE_FP32)
 
-constexpr int MMSW_BM = 128, MMSW_BN = 192, MMSW_BK = 64, MMSW_THREADS = 384;
+constexpr int MMSW_BM = 128, MMSW_BN = 192, MMSW_BK = 64, MMSW_CLUSTER = 2;
 constexpr int MMSW_GROUP_UNITS = 8;  // units (tile pairs) per group of rows in the persistent order (L2 reuse)
 constexpr int MMSW_A_BYTES = MMSW_BM * MMSW_BK * 2, MMSW_B_BYTES = MMSW_BN * MMSW_BK * 2;
 constexpr int MMSW_STAGE_BYTES = MMSW_A_BYTES + MMSW_B_BYTES;
-constexpr int MMSW_PRODUCER_REGS = 24, MMSW_CONSUMER_REGS = 240;  // 128 x 24 + 256 x 240 = 384 x 168
 constexpr int MMSW_ROW_BYTES = MMSW_BN * 2 + 16;
+
+// The consumers' named barriers (TurnTaking): the mainloop's turns (1: warpgroup 0's, 2: warpgroup 1's) and the
+// epilogue's (3, 4), whose staging buffers the two warpgroups share.
+enum MatmulSwigluBarrier : int { MMSW_MAINLOOP_TURNS = 1, MMSW_EPILOGUE_TURNS = 3 };
 
 // What each direction's epilogue reads and writes; the kernel is templated on it. `stages`: the ring's depth;
 // `rows`: a warp's rows staged in shared memory at a time (its 32, or one 16-row half after the other, which frees
@@ -65,13 +67,19 @@ struct SwigluBackwardEpilogue {
     static constexpr int stages = 5, rows = 16;
 };
 
-// Shared memory: the ring, four warps' staging buffers, 1024 bytes of alignment slack, the full / empty barriers.
+// Shared memory: the ring's A and B tiles (each stage's on a 1024-byte boundary, as the swizzle's atoms need), a
+// staging buffer per consumer warp (the two warpgroups' warps w share buffer w), the ring's barriers.
 template <typename Epilogue>
-constexpr int matmul_swiglu_smem_bytes() {
-    return Epilogue::stages * MMSW_STAGE_BYTES + 4 * Epilogue::rows * MMSW_ROW_BYTES + 1024 + 16 * Epilogue::stages;
-}
-static_assert(matmul_swiglu_smem_bytes<SwigluForwardEpilogue>() <= 227 * 1024 &&
-                  matmul_swiglu_smem_bytes<SwigluBackwardEpilogue>() <= 227 * 1024,
+struct MatmulSwigluSmem {
+    uint8_t a[Epilogue::stages][MMSW_A_BYTES];
+    uint8_t b[Epilogue::stages][MMSW_B_BYTES];
+    uint8_t staging[4][Epilogue::rows * MMSW_ROW_BYTES];
+    RingBarriers<Epilogue::stages> ring;
+};
+static_assert(MMSW_A_BYTES % WS_SMEM_ALIGN == 0 && MMSW_B_BYTES % WS_SMEM_ALIGN == 0,
+              "every stage's tiles start on a swizzle atom's boundary");
+static_assert(ws_smem_bytes<MatmulSwigluSmem<SwigluForwardEpilogue>>() <= WS_SMEM_LIMIT &&
+                  ws_smem_bytes<MatmulSwigluSmem<SwigluBackwardEpilogue>>() <= WS_SMEM_LIMIT,
               "an SM's shared memory holds at most 227 KiB per block");
 
 // Eight features of one row: g and u in (bf16), hact out, as swiglu_forward_kernel computes it.
@@ -217,44 +225,40 @@ __device__ __forceinline__ void matmul_swiglu_unit(int unit, int units_m, int un
 //   forward:  B = [w1; w3]^T: b_map is w1 (F, K), b3_map w3 (F, K), K contiguous (TMA fills rows past F with zeros)
 //   backward: B = w2 (K, F), F contiguous (wgmma's "transpose B"; b3_map unused; TMA fills columns past F with zeros)
 template <typename Epilogue>
-__global__ void __launch_bounds__(MMSW_THREADS, 1)
+__global__ void __launch_bounds__(WS_THREADS, 1)
     matmul_swiglu_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                          const __grid_constant__ CUtensorMap b3_map, int M, int F, int K, const Epilogue epi) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int CLUSTER = 2, TRANS_B = Epilogue::forward ? 0 : 1, STAGES = Epilogue::stages;
+    constexpr int CLUSTER = MMSW_CLUSTER, TRANS_B = Epilogue::forward ? 0 : 1, STAGES = Epilogue::stages;
     constexpr int WARP_BYTES = Epilogue::rows * MMSW_ROW_BYTES;
-    extern __shared__ uint8_t smem_raw[];
-    const uint32_t smem = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    const uint32_t a_sm = smem, b_sm = smem + STAGES * MMSW_A_BYTES;
-    const uint32_t epilogue_sm = b_sm + STAGES * MMSW_B_BYTES, full0 = epilogue_sm + 4 * WARP_BYTES;
-    const uint32_t empty0 = full0 + 8 * STAGES;
+    MatmulSwigluSmem<Epilogue>& sm = ws_shared_storage<MatmulSwigluSmem<Epilogue>>();
+    const uint32_t a_sm = smem_addr(sm.a), b_sm = smem_addr(sm.b), staging_sm = smem_addr(sm.staging);
     const int rank = (int)cluster_cta_rank();
     const int units_m = M / MMSW_BM / CLUSTER, units_n = (F + Epilogue::features - 1) / Epilogue::features;
     const int n_units = units_m * units_n;
     const int k_blocks = K / MMSW_BK, first_unit = blockIdx.x / CLUSTER, unit_stride = gridDim.x / CLUSTER;
+    // A stage's readers: the using warpgroup's 4 warps, in both CTAs. The peer CTA arrives on these barriers and its
+    // multicast credits them, so they are published to the cluster, not only to this CTA (ws_publish_barriers).
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mbarrier_init(full0 + 8 * s, 1);
-            mbarrier_init(empty0 + 8 * s, 4 * CLUSTER);  // the using warpgroup's 4 warps, in both CTAs
-        }
+        sm.ring.init(1, 4 * CLUSTER);
         fence_mbarrier_init();
     }
     cluster_sync();
 
     if (threadIdx.x < 128) {  // producer
-        setmaxnreg_dec<MMSW_PRODUCER_REGS>();
+        setmaxnreg_dec<WS_PRODUCER_REGS>();
         if (threadIdx.x < 32 && elect_one_sync()) {
-            int it = 0;
+            RingState<STAGES> p;
             for (int unit = first_unit; unit < n_units; unit += unit_stride) {
                 int um, tn;
                 matmul_swiglu_unit(unit, units_m, units_n, um, tn);
                 const int tm = um * CLUSTER + rank;
-                for (int kb = 0; kb < k_blocks; kb++, it++) {
-                    const int s = it % STAGES, round = it / STAGES;
-                    const uint32_t full = full0 + 8 * s, b_dst = b_sm + s * MMSW_B_BYTES;
-                    if (round > 0) mbarrier_wait(empty0 + 8 * s, (round - 1) & 1);
-                    mbarrier_arrive_expect_tx(full, MMSW_STAGE_BYTES);
-                    tma_load_2d(a_sm + s * MMSW_A_BYTES, &a_map, full, kb * MMSW_BK, tm * MMSW_BM);
+                // one k-block at a time: unrolled, the loop spilled in the producer's 24 registers
+#pragma unroll 1
+                for (int kb = 0; kb < k_blocks; kb++, p.advance()) {
+                    const uint32_t full = sm.ring.full_bar(p.stage), b_dst = b_sm + p.stage * MMSW_B_BYTES;
+                    sm.ring.acquire(p, MMSW_STAGE_BYTES);
+                    tma_load_2d(a_sm + p.stage * MMSW_A_BYTES, &a_map, full, kb * MMSW_BK, tm * MMSW_BM);
                     if constexpr (Epilogue::forward) {
                         // this CTA loads the k-block of one half (rank 0: w1's 96 rows, 1: w3's)
                         tma_load_2d_multicast(b_dst + rank * (MMSW_B_BYTES / 2), rank == 0 ? &b_map : &b3_map, full,
@@ -271,69 +275,69 @@ __global__ void __launch_bounds__(MMSW_THREADS, 1)
         }
         __syncwarp();
     } else {
-        setmaxnreg_inc<MMSW_CONSUMER_REGS>();
-        // The warpgroup's index through a shuffle, a value ptxas knows is the same across the warp: from threadIdx.x
-        // / 128 - 1 it built every k-block's 16 wgmma descriptors in per-thread registers and moved them to uniform
-        // ones one by one (R2UR), 125 instructions a k-block that delayed the wgmmas (backward 4-5% slower, forward
-        // 1%).
-        const int wg = __shfl_sync(0xffffffff, (int)threadIdx.x / 128 - 1, 0);
-        const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+        setmaxnreg_inc<WS_CONSUMER_REGS>();
+        const int wg = ws_consumer_index(), warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
         const uint64_t a_desc = wgmma_desc_sw128(a_sm, 16, 1024);
         // B: K-major like A (forward), or 64-column blocks of 64 k-rows (backward)
         const uint64_t b_desc = wgmma_desc_sw128(b_sm, TRANS_B ? MMSW_BK * 128 : 16, 1024);
         auto release = [&](int stage) {  // this warp is done reading the stage, in both CTAs
-            if (lane < CLUSTER) mbarrier_arrive_cluster(empty0 + 8 * stage, lane);
+            if (lane < CLUSTER) mbarrier_arrive_cluster(sm.ring.empty_bar(stage), lane);
         };
         float acc[2][96];
-        // Warpgroup wg takes the CTA's tiles j = wg, wg + 2, ...; tile j's k-blocks are ring entries j k_blocks
-        // onwards. The mainloops take turns (named barrier 1: warpgroup 0's turn, 2: warpgroup 1's): a warpgroup
-        // waits on a stage's full barrier only once the other has waited on every earlier entry, so the ring is
-        // never more than one round ahead of the parity it waits for. The epilogues take turns the same way
-        // (barriers 3 and 4), for the shared buffers.
-        if (wg == 1) {
-            named_barrier_arrive<256>(1);
-            named_barrier_arrive<256>(3);
-        }
-        for (int j = wg, unit = first_unit + wg * unit_stride; unit < n_units; j += 2, unit += 2 * unit_stride) {
+        // Warpgroup wg takes the CTA's tiles wg, wg + 2, ...; a tile's k-blocks are ring entries `entry` onwards. The
+        // mainloops take turns: a warpgroup waits on a stage's full barrier only once the other has waited on every
+        // earlier entry, so the ring is never more than one round ahead of the parity it waits for. The epilogues
+        // take turns the same way, for the staging buffers. A warpgroup passes a turn only when the CTA has a next
+        // unit (the other warpgroup's next tile): every pass is then waited for, and none is left pending at exit
+        // (hence no TurnTaking::finish).
+        const TurnTaking<MMSW_MAINLOOP_TURNS> mainloop_turns{wg};
+        const TurnTaking<MMSW_EPILOGUE_TURNS> epilogue_turns{wg};
+        mainloop_turns.start();
+        epilogue_turns.start();
+        for (int entry = wg * k_blocks, unit = first_unit + wg * unit_stride; unit < n_units;
+             entry += 2 * k_blocks, unit += 2 * unit_stride) {
             int um, tn;
             matmul_swiglu_unit(unit, units_m, units_n, um, tn);
             const int tm = um * CLUSTER + rank;
-            int it = j * k_blocks;
+            const bool other_has_next = unit + unit_stride < n_units;
+            RingState<STAGES> c{entry % STAGES, (uint32_t)(entry / STAGES) & 1};  // once per tile
+            int previous = 0;  // the stage of the previous k-block
             // The wgmmas read the accumulators (the first one scales them by 0): clearing them here tells the
             // compiler that the last tile's values are dead after its epilogue, which may then use their registers
             // (without it the epilogue spills).
 #pragma unroll
             for (int i = 0; i < 96; i++) acc[0][i] = acc[1][i] = 0.0f;
-            named_barrier_sync<256>(1 + wg);
-            for (int kb = 0; kb < k_blocks; kb++, it++) {
-                const int s = it % STAGES;
-                mbarrier_wait(full0 + 8 * s, (it / STAGES) & 1);
+            mainloop_turns.wait();
+            for (int kb = 0; kb < k_blocks; kb++) {
+                sm.ring.wait_full(c);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < MMSW_BK / 16; kk++) {
-                    const uint64_t b = wgmma_desc_advance(b_desc, s * MMSW_B_BYTES + (TRANS_B ? 2048 : 32) * kk);
+                    const uint64_t b = wgmma_desc_advance(b_desc, c.stage * MMSW_B_BYTES + (TRANS_B ? 2048 : 32) * kk);
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         wgmma_bf16_ss_t<0, TRANS_B>(
-                            acc[h], wgmma_desc_advance(a_desc, s * MMSW_A_BYTES + h * 8192 + 32 * kk), b,
+                            acc[h], wgmma_desc_advance(a_desc, c.stage * MMSW_A_BYTES + h * 8192 + 32 * kk), b,
                             kb > 0 || kk > 0);
                     }
                 }
                 wgmma_commit_group();
                 if (kb > 0) {  // the previous k-block's wgmmas are done: its stage is free
                     wgmma_wait_group<1>();
-                    release((it - 1) % STAGES);
+                    release(previous);
                 }
+                previous = c.stage;
+                c.advance();
             }
-            if (unit + unit_stride < n_units) named_barrier_arrive<256>(2 - wg);  // the next tile's mainloop
+            if (other_has_next) mainloop_turns.pass();
             wgmma_wait_group<0>();
             pin_registers(acc[0]);
             pin_registers(acc[1]);
-            release((it - 1) % STAGES);
-            named_barrier_sync<256>(3 + wg);
-            swiglu_epilogue(acc, epilogue_sm + warp * WARP_BYTES, epi, tm * MMSW_BM, tn * Epilogue::features,
-                            F, warp, lane);
-            if (unit + unit_stride < n_units) named_barrier_arrive<256>(4 - wg);  // the next tile's epilogue
+            release(previous);
+            epilogue_turns.wait();
+            swiglu_epilogue(acc, staging_sm + warp * WARP_BYTES, epi, tm * MMSW_BM, tn * Epilogue::features, F, warp,
+                            lane);
+            if (other_has_next) epilogue_turns.pass();
         }
     }
     cluster_sync();
@@ -342,48 +346,42 @@ __global__ void __launch_bounds__(MMSW_THREADS, 1)
 #endif
 }
 
-// True when the fused kernel of this direction runs on this device (sm90a_kernel_runs; its register split checked
-// too) and takes these shapes and pointers (`any`: their addresses or'd together).
+// True when the fused kernel of this direction runs on this device (sm90a_kernel_runs) and takes these shapes and
+// pointers (`any`: their addresses or'd together).
 template <typename Epilogue>
 inline bool matmul_swiglu_usable(uintptr_t any, int N, int F, int C) {
     static PerDeviceFlag cache;
-    static bool registers_ok = false, registers_checked = false;
-    if (!sm90a_kernel_runs(matmul_swiglu_kernel<Epilogue>, cache)) return false;
-    if (!registers_checked) {  // setmaxnreg.inc would wait forever for registers the launch did not give the CTA
-        cudaFuncAttributes attr;
-        cudaCheck(cudaFuncGetAttributes(&attr, matmul_swiglu_kernel<Epilogue>));
-        registers_ok = attr.numRegs * MMSW_THREADS >= 128 * MMSW_PRODUCER_REGS + 256 * MMSW_CONSUMER_REGS;
-        registers_checked = true;
-    }
-    return registers_ok && N % (2 * MMSW_BM) == 0 && F % 8 == 0 && C % MMSW_BK == 0 && (any & 15) == 0;
+    return sm90a_kernel_runs(matmul_swiglu_kernel<Epilogue>, cache) && N % (MMSW_CLUSTER * MMSW_BM) == 0 &&
+           F % 8 == 0 && C % MMSW_BK == 0 && (any & 15) == 0;
 }
 
-// Launches the kernel persistently: as many clusters as fit at once, at most one per unit.
+// Launches the kernel persistently: as many clusters as fit at once, at most one per unit. The first launch sets
+// the kernel up (ws_prepare_kernel: a register split that does not fit is a build error, reported as one).
 template <typename Epilogue>
 inline void matmul_swiglu_launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const CUtensorMap& b3_map, int N,
                                  int F, int C, const Epilogue& epi, cudaStream_t stream) {
+    static bool prepared = false;
     static int clusters = 0;
+    constexpr size_t smem = ws_smem_bytes<MatmulSwigluSmem<Epilogue>>();
+    ws_prepare_kernel(matmul_swiglu_kernel<Epilogue>,
+                      Epilogue::forward ? "matmul_swiglu_kernel (forward)" : "matmul_swiglu_kernel (backward)", smem,
+                      prepared);
     cudaLaunchAttribute attr = {};
     attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 2;
+    attr.val.clusterDim.x = MMSW_CLUSTER;
     attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
     cudaLaunchConfig_t config = {};
-    config.blockDim = dim3(MMSW_THREADS);
-    config.dynamicSmemBytes = matmul_swiglu_smem_bytes<Epilogue>();
+    config.blockDim = dim3(WS_THREADS);
+    config.dynamicSmemBytes = smem;
     config.attrs = &attr;
     config.numAttrs = 1;
     if (clusters == 0) {
-        cudaCheck(cudaFuncSetAttribute(matmul_swiglu_kernel<Epilogue>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       matmul_swiglu_smem_bytes<Epilogue>()));
-        int sms = 0, device = 0;
-        cudaCheck(cudaGetDevice(&device));
-        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-        config.gridDim = dim3(sms / 2 * 2);
+        config.gridDim = dim3(ws_sm_count() / MMSW_CLUSTER * MMSW_CLUSTER);
         // a GPC with an odd number of SMs leaves one out: ask how many clusters fit at once
         cudaCheck(cudaOccupancyMaxActiveClusters(&clusters, matmul_swiglu_kernel<Epilogue>, &config));
     }
-    const int units = (N / MMSW_BM / 2) * ((F + Epilogue::features - 1) / Epilogue::features);
-    config.gridDim = dim3(2 * std::min(clusters, units));
+    const int units = (N / MMSW_BM / MMSW_CLUSTER) * ((F + Epilogue::features - 1) / Epilogue::features);
+    config.gridDim = dim3(MMSW_CLUSTER * std::min(clusters, units));
     config.stream = stream;
     cudaCheck(cudaLaunchKernelEx(&config, matmul_swiglu_kernel<Epilogue>, a_map, b_map, b3_map, N, F, C, epi));
 }

@@ -70,11 +70,6 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// 4-byte global -> shared copy (lse, D), asynchronous; src_bytes = 0 writes zero.
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
 // ----------------------------------------------------------------------------------------------------------------
 // ldmatrix, mma.sync, bf16 packing
 
@@ -217,9 +212,9 @@ __device__ __forceinline__ void wgmma_bf16_rs(float (&d)[64], const uint32_t (&a
 // An mbarrier (8 bytes of shared memory, 8-byte aligned) counts arrivals and, optionally, transaction bytes: a phase
 // completes when its pending arrival count (set by mbarrier_init) reaches zero and its transaction count is back to
 // zero; then the next phase starts with the same arrival count. Phases alternate parity 0, 1, 0, ...: a thread
-// waiting for phase k of a barrier waits with parity k % 2 (mbarrier_try_wait_parity returns true once that phase has
-// completed). expect_tx raises the phase's transaction count by the bytes a bulk copy will deliver; the copy's
-// complete_tx lowers it as the bytes land (TMA credits the whole box, out-of-bounds parts included, zero-filled).
+// waiting for phase k of a barrier waits with parity k % 2 (mbarrier_wait returns once that phase has completed).
+// expect_tx raises the phase's transaction count by the bytes a bulk copy will deliver; the copy's complete_tx lowers
+// it as the bytes land (TMA credits the whole box, out-of-bounds parts included, zero-filled).
 // After mbarrier_init, fence_mbarrier_init (then a CTA barrier) before any other thread or the TMA unit uses it.
 //
 // TMA (cp.async.bulk.tensor): one thread copies a box of a global tensor, described by a CUtensorMap made on the host
@@ -241,19 +236,9 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
-// True once the phase of parity `parity` has completed (may also return false after a time-out: call in a loop).
-__device__ __forceinline__ bool mbarrier_try_wait_parity(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    return done != 0;
-}
-// Blocks until the phase of parity `parity` of mbarrier bar has completed (a loop over the instruction above).
-// The loop is written in PTX: as a C++ loop around mbarrier_try_wait_parity, ptxas serialised the wgmmas of the
-// dK/dV kernel that keeps a wgmma running across the wait (C7515).
+// Blocks until the phase of parity `parity` of mbarrier bar has completed: a loop over mbarrier.try_wait.parity
+// (which may also return false after a time-out). The loop is written in PTX: as a C++ loop around a wrapper of the
+// try_wait, ptxas serialised the wgmmas of the dK/dV kernel that keeps a wgmma running across the wait (C7515).
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
     asm volatile(
         "{\n.reg .pred p;\nMBARRIER_WAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
@@ -294,36 +279,10 @@ __device__ __forceinline__ bool elect_one_sync() {
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// Ordering between CTAs through a counter in global memory (one CTA releases its writes, a later one acquires them),
-// and wgmma with both operands from descriptors and either one MN-major (sm_90a)
-
-// Load at GPU scope with acquire semantics: this thread's later reads see every write released before the value
-// it read (the writer's red_release_gpu_add).
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-// Atomic add at GPU scope with release semantics: this thread's earlier writes (and, after a __threadfence and a
-// barrier, its CTA's) are visible to whoever acquires the new value.
-__device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
-    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
+// wgmma with both operands from descriptors and either one MN-major (sm_90a)
 
 // D (64 x N) (+)= A B with A and B from descriptors; TRANS_A = 1: A MN-major (the M index contiguous: a stored
-// transpose, same descriptor rules as an MN-major B in the file comment), TRANS_B = 1: B MN-major. N = 32, 64,
-// 128, 192.
-template <int TRANS_A, int TRANS_B>
-__device__ __forceinline__ void wgmma_bf16_ss_t(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-        "}, %16, %17, p, 1, 1, %19, %20;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
-}
+// transpose, same descriptor rules as an MN-major B in the file comment), TRANS_B = 1: B MN-major. N = 64, 128, 192.
 template <int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void wgmma_bf16_ss_t(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     asm volatile(

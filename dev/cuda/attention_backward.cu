@@ -62,9 +62,9 @@
 //       at the diagonal.
 //   v4 is kept as a fixed entry (attention_backward_tc: the mma.sync kernels as configured above).
 //   v5: what the trainer ran until v10, now backward_hopper_config with v5's choices (below; its kernels load their
-//       own tiles with cp.async, dev/cuda/wgmma_cp_async.cuh); then attention_backward_wgmma in
-//       llmc/attention_wgmma.cuh (sm_90a, hd 64 and 128; elsewhere v1). The same deterministic two-kernel split
-//       with wgmma: 2 warpgroups of 64 rows per CTA, 128-byte-swizzled smem tiles read by descriptors, P^T / dS^T
+//       own tiles with cp.async, dev/cuda/wgmma_cp_async.cuh); then attention_backward_wgmma (now in
+//       llmc/attention_wgmma_backward.cuh; sm_90a, hd 64 and 128; elsewhere v1). The same deterministic two-kernel
+//       split with wgmma: 2 warpgroups of 64 rows per CTA, 128-byte-swizzled smem tiles read by descriptors, P^T / dS^T
 //       (dS in the dQ kernel) fed to the next wgmma from registers. dK/dV: 128 keys per CTA, items of 64 queries
 //       through 4 cp.async stages, dK's wgmma left running into the next item. dQ: 128 queries per CTA, K / V tiles
 //       of 128 keys (hd 64) or 64 keys (hd 128, with Q and dO held in registers as A fragments). Registers: dK/dV
@@ -151,16 +151,17 @@
 //   pairs through DSMEM v8) loses more than the one pass saves, so the trainer kept v5's two kernels. A one-pass
 //   design that wins would need the adds fully off the consumers' path (a producer / writer warpgroup with its own
 //   mbarrier ring and several items of slack, FA3's structure) and less traffic than one fp32 partial per 128 keys.
-//   v10: attention_backward (what the trainer runs): on Hopper, attention_backward_wgmma (llmc/attention_wgmma.cuh,
-//       its header has the design): v5's two kernels, warp-specialised and fed by TMA as the forward is. 384 threads:
-//       a producer warpgroup (setmaxnreg 24) loads K / V or Q / dO once and streams the other pair by TMA (64- or
-//       128-row boxes of qkv and dout; in the dK/dV kernel 64 of its threads also copy the item's lse (times log2 e)
-//       and D into smem); 2 consumer warpgroups (240 registers) run v5's math and meet only the per-stage full /
-//       empty mbarriers, never each other. Why: ncu of v5 on an H100 at (1, 8192, 32, 8, 128) had both kernels at
-//       ~52% tensor-pipe utilisation with half the issue slots busy (each thread's cp.async address and swizzle
-//       arithmetic) and a __syncthreads per item. dK/dV 58% of v5's time there, dQ 42%. Registers: 168 at launch
-//       (384 x 168 = 128 x 24 + 256 x 240), no spills. Correct on every validation shape, bit-for-bit reruns,
-//       compute-sanitizer memcheck 0 errors; the same bits as v5 (the 1B's losses match the old build's).
+//   v10: attention_backward (what the trainer runs): on Hopper, attention_backward_wgmma
+//       (llmc/attention_wgmma_backward.cuh, the design beside each kernel): v5's two kernels, warp-specialised and fed
+//       by TMA as the forward is. 384 threads: a producer warpgroup (setmaxnreg 24) loads K / V or Q / dO once and
+//       streams the other pair by TMA (64- or 128-row boxes of qkv and dout; in the dK/dV kernel 64 of its threads
+//       also copy the item's lse (times log2 e) and D into smem); 2 consumer warpgroups (240 registers) run v5's math
+//       and meet only the per-stage full / empty mbarriers, never each other. Why: ncu of v5 on an H100 at
+//       (1, 8192, 32, 8, 128) had both kernels at ~52% tensor-pipe utilisation with half the issue slots busy (each
+//       thread's cp.async address and swizzle arithmetic) and a __syncthreads per item. dK/dV 58% of v5's time there,
+//       dQ 42%. Registers: 168 at launch (384 x 168 = 128 x 24 + 256 x 240), no spills. Correct on every validation
+//       shape, bit-for-bit reruns, compute-sanitizer memcheck 0 errors; the same bits as v5 (the 1B's losses match
+//       the old build's).
 //       Steps, NVIDIA H100, TFLOP/s at the three timing shapes (v5 in the same runs 215-219 / 336-341 / 340-361):
 //         first version (dK waited for inside its item):                               242-248 / 394-402 / 399-432
 //         + dK left running into the next item at hd 64, the consumers' warpgroup index through a shuffle and
@@ -226,6 +227,10 @@
 //       Then (session 23) its items handed out in the snake order (llmc's persistent_item) instead of at a fixed
 //       stride, which gave CTA 0 the longest item of every round. H100, two alternating rounds: 345.5, 348.1 ->
 //       350.1, 348.6 / 493.1, 493.8 -> 502.2, 502.7 / 515.9, 503.8 -> 535.7, 519.0 TFLOP/s.
+//       Then both kernels in pipeline.cuh's vocabulary (rings counted rather than divided, the shared memory as a
+//       struct; llmc/attention_wgmma_backward.cuh): the same bits, and no spills in the hd 128 dQ kernel any more
+//       (20 bytes stored, 44 loaded before). H100, 8 runs each in ABBA order, medians: 352.2 -> 353.1 / 492.2 ->
+//       488.8 / 477.6 -> 477.7 TFLOP/s (hd 128 spreads over 461-502 in both).
 //   v11: v10 given RoPE's table, as the trainer calls it: RoPE's backward on dq and dk applied as the kernels store
 //       them (llmc/attention_wgmma.cuh wgmma_store_rows), so the trainer's separate rope_backward pass over dqkv is
 //       gone. Validated against the CPU reference followed by the CPU RoPE backward, and bit for bit against v10
@@ -918,7 +923,7 @@ static void backward_tc_config(floatX* dqkv, float* delta, const floatX* dout, c
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// v5's wgmma backward with its variants as template arguments (llmc/attention_wgmma.cuh keeps the chosen ones: BQ 64
+// v5's wgmma backward with its variants as template arguments (llmc's kernels keep the chosen ones: BQ 64
 // and K / V from shared memory in dK/dV; dQ with BN 128 at hd 64, BN 64 and Q / dO in registers at hd 128).
 // BQ: queries per dK/dV item; AREG in dK/dV: the warpgroup's K and V rows in registers as A fragments (S^T, dP^T
 // then read only Q, dO from shared memory); BN: keys per dQ tile; AREG in dQ: Q and dO rows in registers.
@@ -1052,8 +1057,10 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
 
     // Each warpgroup read only its own 64 rows of K and V: after its last wait they stage its results.
     __nv_bfloat16* dqkv_b = dqkv + (size_t)b * T * stride;
-    wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + kvh) * HD, stride, smem_ptr, dk, scale, kwg, T, wg);
-    wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + KV + kvh) * HD, stride, smem_ptr + KBYTES, dv, 1.0f, kwg, T, wg);
+    // staged through named barriers 1 + wg
+    wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + kvh) * HD, stride, smem_ptr, dk, scale, kwg, T, wg, 1);
+    wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + KV + kvh) * HD, stride, smem_ptr + KBYTES, dv, 1.0f, kwg, T, wg,
+                               1);
 #else
     __trap();  // not sm_90a code: never launched (attention_wgmma_usable)
 #endif
@@ -1165,7 +1172,7 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
 
     // Each warpgroup read only its own 64 rows of Q: after its last wait they stage its result.
     wgmma_store_rows<HD, ROWS>(dqkv + (size_t)b * T * stride + (size_t)h * HD, stride, smem_ptr, dq, scale, qwg, T,
-                               wg);
+                               wg, 1);  // staged through named barriers 1 + wg
 #else
     __trap();  // not sm_90a code: never launched (attention_wgmma_usable)
 #endif
@@ -1548,6 +1555,10 @@ int main(int argc, char** argv) {
         // streamed), group sizes 1, 4, 8, head dims 16, 64, 128.
         uint64_t seed = 7;
         for (const Shape& sh : attention_validation_shapes()) validate_shape(version, sh, seed++);
+        // llmc's Hopper kernels with several work items per dQ CTA (v10, v11), and v6's long chains of key tiles
+        if (version == 6 || version == 10 || version == 11) {
+            for (const Shape& sh : ATTENTION_PERSISTENT_SHAPES) validate_shape(version, sh, seed++);
+        }
     }
 
     if (argc > 2 && strcmp(argv[2], "check") == 0) return finish(argv[0]);  // validation only (for sanitizers)

@@ -38,7 +38,7 @@
 #pragma once
 
 #include "../../llmc/attention.cuh"
-#include "../../llmc/ptx.cuh"
+#include "ptx_dev.cuh"
 #include "wgmma_cp_async.cuh"
 
 #if !defined(ENABLE_FP32)
@@ -305,8 +305,10 @@ __global__ void __launch_bounds__(WGMMA_THREADS, 1)
     // Both warpgroups' dQ wgmmas (which read all 128 rows of K) are done before K's rows are reused for staging.
     __syncthreads();
     __nv_bfloat16* dqkv_b = dqkv + (size_t)b * T * stride;
-    wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + kvh) * HD, stride, smem_ptr, dk, scale, kwg, T, wg);
-    wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + KV + kvh) * HD, stride, smem_ptr + KBYTES, dv, 1.0f, kwg, T, wg);
+    // staged through named barriers 1 + wg
+    wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + kvh) * HD, stride, smem_ptr, dk, scale, kwg, T, wg, 1);
+    wgmma_store_rows<HD, ROWS>(dqkv_b + (size_t)(H + KV + kvh) * HD, stride, smem_ptr + KBYTES, dv, 1.0f, kwg, T, wg,
+                               1);
 #else
     __trap();  // not sm_90a code: never launched (attention_wgmma_usable)
 #endif

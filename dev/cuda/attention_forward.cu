@@ -53,7 +53,7 @@
 //       setmaxnreg frees); and skipping the masked half of warpgroup 0's diagonal tile.
 //   v5: what the trainer ran until session 22 (now run as v6's kernel launched one CTA per work item, the same
 //       schedule; the numbers below are of the kernel as it then was): on Hopper at hd 64 and 128 the
-//       warp-specialised TMA forward of llmc/attention_wgmma.cuh (FlashAttention-3 style; bf16 build, sm_90a);
+//       warp-specialised TMA forward now in llmc/attention_wgmma_forward.cuh (FlashAttention-3 style; sm_90a);
 //       elsewhere v3 at hd 64 (other GPUs) and v1. CTA = 128 queries, 384 threads: warpgroup 0
 //       is the producer (setmaxnreg.dec 24): one elected thread loads Q once and K / V tiles of 128 keys with TMA
 //       (cp.async.bulk.tensor over qkv as the 4-D tensor (hd, head, token, batch), boxes of 64 columns x 128 rows,
@@ -107,9 +107,16 @@
 //         both (kept):                          397.0, 392.3 / 615.0, 612.4 / 673.8, 670.3
 //       The hd 128 kernel carries 32 bytes of spills (the item loop's state), loaded once per item, none in the
 //       tile loop. memcheck, synccheck and racecheck on attention_lib's smoke test: 0 errors, 0 hazards.
+//       The consumers' warpgroup index comes through a shuffle (pipeline.cuh's ws_consumer_index): ptxas then keeps
+//       the wgmma descriptors in uniform registers, 52 -> 20 R2UR moves at hd 64, 74 -> 18 at hd 128, the same speed.
+//       Then the kernel in pipeline.cuh's vocabulary (rings counted rather than divided, the shared memory as a
+//       struct; llmc/attention_wgmma_forward.cuh): the same bits, and no spills at hd 128 any more (28 bytes stored,
+//       48 loaded before). H100, 8 runs each in ABBA order, medians: 400.0 -> 403.0 / 608.5 -> 636.0 / 666.4 ->
+//       677.2 TFLOP/s.
 //
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DENABLE_FP32] attention_forward.cu
 // Run:   ./attention_forward [version]     (no argument: every version; the fp32 build has only v1)
+//        ./attention_forward 6 check       (validation only, no timing: for compute-sanitizer)
 //        ./attention_forward sweep         (bf16: other tile configurations and v4 variants, spot-validated and timed)
 // Versions 4 to 6 need a compute capability 9.0 GPU and the sm_90a build for their Hopper kernels; elsewhere they
 // run v3 / v1 (a note says so).
@@ -332,10 +339,10 @@ static void forward_tc_config(floatX* out, float* lse, const floatX* qkv, int B,
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// v4's wgmma forward with its variants as template arguments (llmc/attention_wgmma.cuh keeps <128, 1, true> as a
-// plain kernel). NH: parts per key tile (1, or 2 to overlap S of the second half with the softmax of the first, and
-// P V of the first with the softmax of the second). PP ("ping-pong"): the two warpgroups take turns issuing their
-// wgmma batches; with 3 K / V stages instead of 2.
+// v4's wgmma forward with its variants as template arguments (the trainer ran <128, 1, true> until v5). NH: parts per
+// key tile (1, or 2 to overlap S of the second half with the softmax of the first, and P V of the first with the
+// softmax of the second). PP ("ping-pong"): the two warpgroups take turns issuing their wgmma batches; with 3 K / V
+// stages instead of 2.
 
 template <int HD, bool PP>
 constexpr size_t forward_wgmma_smem_bytes() {
@@ -689,8 +696,13 @@ int main(int argc, char** argv) {
         // T not a multiple of the tiles (64 queries; 32 or 64 keys), group sizes 1, 4, 8, head dims 16, 64, 128.
         uint64_t seed = 42;
         for (const Shape& sh : attention_validation_shapes()) validate_shape(version, sh, seed++);
+        // llmc's Hopper kernel with several work items per CTA (v6), and on the same shapes one per CTA (v5)
+        if (version == 5 || version == 6) {
+            for (const Shape& sh : ATTENTION_PERSISTENT_SHAPES) validate_shape(version, sh, seed++);
+        }
     }
 
+    if (argc > 2 && strcmp(argv[2], "check") == 0) return finish(argv[0]);  // validation only (for sanitizers)
     printf("timing (causal TFLOP/s = 2 B H T^2 hd / time)\n");
     for (int version : versions) {
         for (const Shape& sh : ATTENTION_TIMING_SHAPES) time_shape(version, sh);

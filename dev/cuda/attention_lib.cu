@@ -7,11 +7,11 @@
 // attention_backward.cu's v6 (attention_backward_v6.cuh, the one-pass backward).
 //
 // The script builds the library itself:
-//   nvcc -O3 -std=c++17 --use_fast_math -shared -Xcompiler -fPIC -DATTENTION_LIB_NO_MAIN
-//        -gencode arch=compute_90a,code=sm_90a -o <dir>/libllmc_attention.so attention_lib.cu
-// (--use_fast_math as in the trainer's build, so what is timed is what trains.)
-// The dev/cuda Makefile builds every .cu here as a program; as one, this file runs a small smoke test of the C ABI
-// (forward and backward, v6's too, against the scalar path), so `make all` and `make run_all` keep working.
+//   nvcc -O3 -std=c++17 --use_fast_math -shared -Xcompiler -fPIC -gencode arch=compute_90a,code=sm_90a
+//        -o <dir>/libllmc_attention.so attention_lib.cu
+// (--use_fast_math as in the trainer's build, so what is timed is what trains.) The dev/cuda Makefile builds it too
+// (bin/libllmc_attention.so), so that it keeps compiling. The kernels behind it are checked by attention_forward.cu
+// and attention_backward.cu (v6, v10), the persistent kernels with several work items per CTA included.
 #include "../../llmc/attention.cuh"
 #include "attention_backward_v6.cuh"
 
@@ -70,47 +70,3 @@ void llmc_attention_backward_scalar(void* dqkv, float* delta, const void* dout, 
 }
 
 }  // extern "C"
-
-#if !defined(ATTENTION_LIB_NO_MAIN)
-#include "common.h"
-
-// Smoke test of the C ABI: the entry points against the scalar path on ragged GQA shapes per head dim. T = 2100
-// makes 272 query tiles, 6100 768: more than an H100 or H200 has SMs, so the persistent kernels' CTAs take several
-// work items, up to 6 (each Q buffer's barriers through 3 phases). An argument T runs that T only (2100 under
-// compute-sanitizer).
-int main(int argc, char** argv) {
-    require_gpu(argv[0]);
-    const int only_T = argc > 1 ? atoi(argv[1]) : 0;
-    for (int T : {200, 2100, 6100}) {
-        if (only_T != 0 && T != only_T) continue;
-        for (int hd : {64, 128}) {
-            const int B = 2, H = 8, KV = 2;
-            const size_t n_qkv = (size_t)B * T * (H + 2 * KV) * hd, n_out = (size_t)B * T * H * hd;
-            const size_t n_lse = (size_t)B * H * T;
-            printf("B=%d T=%d H=%d KV=%d hd=%d\n", B, T, H, KV, hd);
-            floatX* qkv = device_random<floatX>(n_qkv, 11, 2.0f);
-            floatX* dout = device_random<floatX>(n_out, 12, 1.0f);
-            DeviceBuffer<floatX> out(n_out), out_ref(n_out), dqkv(n_qkv), dqkv_v6(n_qkv), dqkv_ref(n_qkv);
-            DeviceBuffer<float> lse(n_lse), lse_ref(n_lse), delta(n_lse);
-            llmc_attention_forward(out.ptr, lse.ptr, qkv, B, T, H, KV, hd, nullptr);
-            llmc_attention_forward_scalar(out_ref.ptr, lse_ref.ptr, qkv, B, T, H, KV, hd, nullptr);
-            // Both backwards from the scalar forward's out and lse, so they differ only in the backward itself.
-            llmc_attention_backward(dqkv.ptr, delta.ptr, dout, qkv, out_ref.ptr, lse_ref.ptr, B, T, H, KV, hd,
-                                    nullptr);
-            llmc_attention_backward_v6(dqkv_v6.ptr, delta.ptr, dout, qkv, out_ref.ptr, lse_ref.ptr, B, T, H, KV, hd,
-                                       nullptr);
-            llmc_attention_backward_scalar(dqkv_ref.ptr, delta.ptr, dout, qkv, out_ref.ptr, lse_ref.ptr, B, T, H,
-                                           KV, hd, nullptr);
-            cudaCheck(cudaDeviceSynchronize());
-            validate("out vs scalar", host_from_device(out.ptr, n_out), host_from_device(out_ref.ptr, n_out));
-            validate("lse vs scalar", host_from_device(lse.ptr, n_lse), host_from_device(lse_ref.ptr, n_lse));
-            validate("dqkv vs scalar", host_from_device(dqkv.ptr, n_qkv), host_from_device(dqkv_ref.ptr, n_qkv));
-            validate("dqkv v6 vs scalar", host_from_device(dqkv_v6.ptr, n_qkv),
-                     host_from_device(dqkv_ref.ptr, n_qkv));
-            cudaCheck(cudaFree(qkv));
-            cudaCheck(cudaFree(dout));
-        }
-    }
-    return finish(argv[0]);
-}
-#endif

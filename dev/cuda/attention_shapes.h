@@ -28,6 +28,14 @@ static std::vector<Shape> attention_validation_shapes() {
     return shapes;
 }
 
+// More work items (B H ceil(T / 128) query tiles) than an H100 or H200 has SMs (132), for the persistent Hopper
+// kernels (llmc/attention_wgmma_forward.cuh, the dQ kernel of llmc/attention_wgmma_backward.cuh): a CTA takes several
+// items of unequal lengths, its rings running on from one to the next. 768 items at T = 257: up to 6 per CTA, each of
+// the forward's two Q buffers through 3 phases; 1152 at T = 1100: up to 9 key tiles per item, so that the K / V ring
+// also wraps within an item.
+static const Shape ATTENTION_PERSISTENT_SHAPES[] = {{8, 257, 32, 8, 64}, {8, 257, 32, 8, 128}, {4, 1100, 32, 8, 64},
+                                                   {4, 1100, 32, 4, 128}};
+
 // The sweep's spot validation of a tile configuration (both tensor-core head dims, ragged, grouped).
 static const Shape ATTENTION_SWEEP_SHAPES[] = {{2, 257, 8, 2, 64}, {1, 1000, 4, 1, 64}, {2, 257, 8, 2, 128},
                                               {1, 1000, 4, 1, 128}};

@@ -44,16 +44,15 @@ HOST_AHEAD_CYCLES = 2_000_000  # about 1 ms of spinning on the GPU: the host que
 def build_library(build_dir):
     src = os.path.join(HERE, "attention_lib.cu")
     deps = [src, os.path.join(HERE, "attention_backward_v6.cuh")]
-    deps += [os.path.join(REPO, "llmc", name) for name in
-             ("attention.cuh", "attention_common.cuh", "attention_scalar.cuh", "attention_mma.cuh",
-              "attention_wgmma.cuh", "ptx.cuh", "cuda_common.h", "utils.h")]
+    deps += [os.path.join(REPO, "llmc", name) for name in os.listdir(os.path.join(REPO, "llmc"))
+             if name.endswith((".h", ".cuh"))]
     lib = os.path.join(build_dir, "libllmc_attention.so")
     if not os.path.exists(lib) or os.path.getmtime(lib) < max(os.path.getmtime(d) for d in deps):
         os.makedirs(build_dir, exist_ok=True)
         major, minor = torch.cuda.get_device_capability()
         arch = f"{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")
         cmd = ["nvcc", "-O3", "-std=c++17", "--use_fast_math", "-shared", "-Xcompiler", "-fPIC",
-               "-DATTENTION_LIB_NO_MAIN", "-gencode", f"arch=compute_{arch},code=sm_{arch}", "-o", lib, src]
+               "-gencode", f"arch=compute_{arch},code=sm_{arch}", "-o", lib, src]
         print("building:", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
     so = ctypes.CDLL(lib)

@@ -58,98 +58,17 @@
 // (one run of two rounds, sustained): w13 551-576 (version 6 623-651, cuBLASLt 706-734), w2 dinp 600-601 (645;
 // 712-714), qkv 586 (647-649; 657-695), w2 fwd 547-549 (634-641; 701-711). The finer ring is not what version 6
 // lacks.
-// Version 7: the SwiGLU backward fused into the w2 dinp product's epilogue: llmc/matmul_swiglu.cuh (version 6's
-// NN kernel with 4 stages and its own epilogue; see that file), checked bit for bit against the trainer's pair
-// (cuBLASLt's product, then swiglu_backward) and timed against it: ms per call at the 1B's shape (16384 tokens, F =
-// 8192, C = 2048), sustained:
-//
-//   | epilogue                                                                 | version 7    | the pair      |
-//   | each warp's fragments, 4-byte loads of g and u, stores from registers    | 2.239-2.242  | 1.272-1.325   |
-//   | rows through a 16-row shared buffer, 16-byte loads (the epilogue spills) | 1.783-1.795  | 1.261-1.314   |
-//   | 32-row buffer, accumulators cleared per tile, 8 vectors in flight (spill)| 1.276-1.304  | 1.266-1.306   |
-//   | the same, 4 vectors in flight (no spill; 2 or 3: the same)               | 1.072-1.090  | 1.250-1.317   |
-//   | the same, in llmc/ (the trainer's kernel)                                | 1.095-1.119  | 1.246-1.332   |
-//
-// These version 7 figures are of the --use_fast_math build, as the trainer is built (nvcc -O3 -std=c++17
-// --use_fast_math -Xcompiler -fopenmp -gencode arch=compute_90a,code=sm_90a matmul_wgmma.cu -lcublasLt -lcublas).
-// With this directory's Makefile flags (the exact expf in the epilogue) version 7 took 1.355 ms against 1.309 ms
-// for the pair, one round: the epilogue then no longer hides behind the other warpgroup's products.
-// Timing-only builds of the 4-vector epilogue: without the loads of g and u 0.946-0.961 ms, without the stores
-// 1.107-1.130 ms; version 6's product alone is about 0.85 ms. The fused kernel saves 0.13-0.24 ms per layer
-// against the pair, about 16% of the pair.
-//
-// Version 9 (session 19): the SwiGLU forward fused into the w13 product's epilogue (llmc/matmul_swiglu.cuh, the
-// kernel of version 7 with B's two halves loaded from w1's and w3's rows of the same 96 features, so each thread
-// holds a feature's gate and up; each warp's rows go through its shared buffer and out as g, u and hact). Checked
-// bit for bit against the trainer's pair (cuBLASLt's product, then swiglu_forward) and timed against it. ms per call
-// at the 1B's shape (16384 tokens, F = 8192, C = 2048), sustained, fast-math build, H100, in rounds alternating with
-// the pair; the group is the persistent order's rows of tile pairs (MMSW_GROUP_UNITS; also version 7's):
-//
-//   | group | version 9            | the pair      | version 7   | its pair    | ncu w13: DRAM read, time |
-//   | 4     | 1.698-1.732          | 1.716-1.767   | 1.074-1.076 | 1.250-1.297 | 1.28 GB, 1.55 ms         |
-//   | 8     | 1.670-1.686          | 1.730-1.745   | 1.067-1.068 | 1.244-1.300 |                          |
-//   | 8     | 1.700-1.726 (again)  | 1.735-1.776   | 1.067-1.084 | 1.250-1.322 |                          |
-//   | 16    | 1.719-1.725          | 1.706-1.749   | 1.096-1.102 | 1.239-1.300 | 1.21 GB, 1.58 ms         |
-//   | 1, 2, 32 | 1.79-2.04         | 1.71-1.77     | 1.14-1.23   | 1.24-1.32   | (1: 4.32 GB, 1.94 ms)    |
-//   | -16 (16 unit columns, row-major) | 1.696-1.725 | 1.742-1.748 | 1.078-1.082 | 1.247-1.303 | 0.92 GB, 1.55 ms |
-//
-// 8 is kept: the A rows of a group (2048 tokens, 8 MiB) stay in L2 while its columns pass. Tried and not kept (same
-// session, same measures):
-//   * wgmmas issued per accumulator half (the four k16 steps of rows 0-63, then of 64-127, as cuBLASLt's kernel
-//     does) instead of alternating the halves per k16 step: bit-identical, v9 1.702-1.722 against 1.700-1.726.
-//   * clusters of four CTAs (2 x 2: A multicast along N as well as B along M): L2 read sectors 309 M -> 237 M per w13
-//     product and the L2 request coalescer's ratio 1.52 -> 2.00 (ncu), but only 30 clusters of 4 fit (120 of 132
-//     SMs): v9 1.80-1.93 ms, v7 1.18-1.28 ms.
-//   * tiles handed out by a dynamic scheduler, as cuBLASLt's kernel does: rank 0's producer takes the next tile pair
-//     from an atomic counter (reset by a memset before each launch) one tile ahead and publishes it to both CTAs
-//     through a 4-slot queue in shared memory (full / empty mbarriers, release / acquire at cluster scope). Correct
-//     (bit-identical; memcheck, racecheck and synccheck clean) and slower: v9 1.752-1.775 ms against 1.702-1.721
-//     for the fixed order in alternating runs, v7 1.123-1.150 against 1.081-1.100; under ncu the coalescer's ratio
-//     stayed at 1.43 (1.48 fixed) and the time rose 1.57 -> 1.64 ms. The order in time is not what lets cuBLASLt's
-//     loads coalesce.
-// Session 20 (H100, fast-math builds, sustained ms per call, rounds alternating with the pairs), tried, not kept:
-//   * RoPE fused into the qkv product the same way (a third epilogue: B's halves wqkv's rows 192 tn .. and
-//     192 tn + 96 .., the tile's query and key columns rotated as rope_chunk_kernel does them, 4 pairs a lane, from
-//     the staged bf16 rows). Bit-identical to cuBLASLt + rope_forward (small shape with a tile column across the
-//     key / value boundary and a ragged last column, and the 1B's qkv: B = 8, T = 2048, 32 / 8 heads of 64), but
-//     slower: 0.3666-0.3907 ms against the pair's 0.3458-0.3500 (version 6 + rope_forward 0.3675-0.3812). On
-//     N = 3072 our product is further behind cuBLASLt's than the RoPE pass costs (about 0.06 ms a layer).
-//   * 5 stages instead of 4, made room for by staging each warp's rows 16 at a time (one 64-row half of the tile,
-//     then the other): version 9 1.794-1.841 ms against 1.710-1.745 for the kept kernel and 1.723-1.757 for the
-//     16-row epilogue with 4 stages; version 7 1.067-1.101, 1.085-1.111 and 1.063-1.107. Same bits throughout.
-// Session 22 (H100, fast-math builds, version 7 sustained ms per call, 3 rounds in each of two passes over the
-// builds), tried, not kept; all bit-identical:
-//   * each warp prefetching its g and u lines into L2 (prefetch.global.L2, 6 a lane) before its epilogue: right
-//     after the mainloop 1.138-1.154 ms, or 2, 4 or 8 k-blocks before its end 1.146-1.197, against 1.071-1.094
-//     without. Whatever stalls the epilogue, it is not the latency of those loads alone.
-//   * cache hints on the epilogue's traffic: g, u loaded with ld.global.cs or .cg, dg, du and hact stored with
-//     st.global.cs or .cg: 1.072-1.103 ms for every combination against 1.075-1.101 for the plain loads and stores;
-//     version 9 (the forward) 1.658-1.712 against 1.658-1.703.
-// Session 23 (H100, fast-math builds, sustained ms per call, alternating builds), kept in llmc/:
-//   * the consumers' warpgroup index through __shfl_sync (as the attention kernels have it). Computed as
-//     threadIdx.x / 128 - 1, ptxas could not tell it is the same across a warp, so `it`, the stage and every wgmma
-//     descriptor of a k-block lived in per-thread registers: each k-block rebuilt the 16 descriptors and moved them
-//     to uniform registers one R2UR at a time, about 125 instructions between the full-barrier wait and the last
-//     wgmma, with NOPs for the moves' latency (ncu on version 7: 210 M instructions, tensor pipe 68.6%, 1.05 ms at
-//     1.42 GHz). Through the shuffle the loop is uniform-datapath arithmetic and the wgmmas issue back to back:
-//     version 7 1.075-1.097 -> 1.033-1.044 ms, version 9 1.696-1.717 -> 1.676-1.696 (two runs of two rounds). Under
-//     ncu the consumers then wait longer on the stages' full barriers (8.2 K samples against 6.6 K): the mainloop
-//     starves for its TMA data under the epilogue's HBM traffic (DRAM 60% busy, 2.0 TB/s);
-//   * so the backward's ring has 5 stages, made room for by staging each warp's rows 16 at a time (the epilogue's
-//     buffer 25.6 KB instead of 51.2): version 7 1.026-1.037 -> 1.008-1.016 ms. The forward keeps 4 stages and 32
-//     rows: with 5 and 16 it ran 1.713-1.744 against 1.675-1.714. In the trainer (trace of 1B steps 4-11): the fused
-//     backward 946 us per layer (session 21: 1044-1062), the fused forward 1552 us, level with cuBLASLt's w13 dinp
-//     product of the same size (1557 us).
 // What ncu says of cuBLASLt's fastest w13 kernel (nvjet 176x128, ping-pong, 1x2 clusters, 1.456 ms at 1.41 GHz
 // against version 6's 1.609 ms): 99% tensor-pipe issue against 88.6%; 114.6 M instructions against 216.5 M; its
 // consumers find the next stage loaded (735 slow-path waits in 1.5 M k-blocks, against 2.0 M retries in 1.4 M for
 // version 6) and stall mostly on the wgmma wait; its tiles are handed out by a dynamic scheduler (an atomic
 // counter, one fetch per tile pair) rather than a fixed stride; and 218 M L2 read sectors where its tile and
 // multicast account for 325 M: the L2 request coalescer merges 2.14 sectors delivered per sector read, ours 1.51.
+// Versions 7 and 9, the SwiGLU backward and forward fused into version 6's epilogue, became llmc/matmul_swiglu.cuh;
+// their check, timing and history are dev/cuda/matmul_swiglu.cu's.
 //
 // Build: make -C dev/cuda bin/matmul_wgmma (bf16 only; the fp32 build prints that and exits 0)
-// Run:   ./matmul_wgmma [rounds [versions...]]   (default 1 round of cuBLASLt and every version; 7 and 9: the fused
-//                                                 cases, against the trainer's pairs)
+// Run:   ./matmul_wgmma [rounds [versions...]]   (default 1 round of cuBLASLt and every version)
 //        ./matmul_wgmma ncu                       one call of cuBLASLt and of each version on w13, for a profiler
 //        ./matmul_wgmma small                     the small shapes' checks only (for compute-sanitizer)
 #include "common.h"
@@ -165,7 +84,6 @@ int main() {
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include "../../llmc/matmul_swiglu.cuh"
 #include "../../llmc/ptx.cuh"
 #include "../../llmc/tensor_map.cuh"
 
@@ -835,105 +753,12 @@ static void time_shape(const Shape& s, int rounds, const std::vector<int>& versi
     cudaCheck(cudaFree(out));
 }
 
-// The fused cases' timing: rounds alternating the trainer's pair on cuBLASLt (pair(0)), the pair on version 6
-// (pair(6)) and the fused kernel; each call alone (median of 20) and sustained (200 back to back after 100).
-template <typename Pair, typename Fused>
-static void time_against_pairs(int rounds, double flops, const char* const names[3], Pair pair, Fused fused) {
-    if (rounds > 0) printf("  ms per call alone / sustained (and the product's TFLOP/s sustained):\n");
-    for (int round = 0; round < rounds; round++) {
-        for (int variant = 0; variant < 3; variant++) {
-            auto run = [&] {
-                if (variant == 2) fused();
-                else pair(variant == 0 ? 0 : 6);
-            };
-            const float alone = benchmark_ms(20, run);
-            for (int i = 0; i < 100; i++) run();
-            const float sustained = benchmark_ms(1, [&] { for (int i = 0; i < 200; i++) run(); }) / 200.0f;
-            printf("  round %d %-28s %.4f / %.4f ms (%.1f)\n", round, names[variant], alone, sustained,
-                   flops / (sustained * 1e-3) / 1e12);
-        }
-    }
-}
-
-// Version 7 against the trainer's pair, cuBLASLt's dinp product into dhact then swiglu_backward: dh13 and hact bit
-// for bit, then timed like the products (rounds alternating: the pair, version 6's product + swiglu_backward,
-// version 7). dhact (M, F) = dout (M, C) W2 (C, F).
-static void swiglu_backward_case(const char* name, int M, int F, int C, int rounds) {
-    printf("version 7, %s: M=%d F=%d C=%d\n", name, M, F, C);
-    const size_t n_act = (size_t)M * F, n_h13 = 2 * n_act;
-    floatX* dout = device_random<floatX>((size_t)M * C, 31, 1.0f);
-    floatX* w2 = device_random<floatX>((size_t)C * F, 32, 1.0f);
-    floatX* h13 = device_random<floatX>(n_h13, 33, 3.0f);
-    floatX *dhact, *dh13_ref, *hact_ref, *dh13, *hact;
-    cudaCheck(cudaMalloc(&dhact, n_act * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&hact_ref, n_act * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&hact, n_act * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&dh13_ref, n_h13 * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&dh13, n_h13 * sizeof(floatX)));
-    poison(dhact, n_act * sizeof(floatX));
-    poison(hact_ref, n_act * sizeof(floatX));
-    poison(hact, n_act * sizeof(floatX));
-    poison(dh13_ref, n_h13 * sizeof(floatX));
-    poison(dh13, n_h13 * sizeof(floatX));
-    auto pair = [&](int version) {
-        if (version == 0) matmul_cublaslt(dhact, dout, w2, M, F, C, true);
-        else matmul_wgmma(version, dhact, dout, w2, M, F, C, true);
-        swiglu_backward(dh13_ref, hact_ref, dhact, h13, M, F, 0);
-    };
-    auto fused = [&] { matmul_swiglu_backward_fused(dh13, hact, dout, w2, h13, M, F, C, 0); };
-    pair(0);
-    fused();
-    cudaCheck(cudaDeviceSynchronize());
-    validate_bitwise("dh13 against cuBLASLt + swiglu_backward", dh13, dh13_ref, n_h13);
-    validate_bitwise("hact against cuBLASLt + swiglu_backward", hact, hact_ref, n_act);
-    const char* names[3] = {"cuBLASLt + swiglu_backward", "version 6 + swiglu_backward", "version 7"};
-    time_against_pairs(rounds, 2.0 * M * (double)F * C, names, pair, fused);
-    for (floatX* p : {dout, w2, h13, dhact, dh13_ref, hact_ref, dh13, hact}) cudaCheck(cudaFree(p));
-}
-
-// Version 9 against the trainer's pair, cuBLASLt's w13 product into h13 then swiglu_forward: h13 and hact bit for
-// bit, then timed like version 7 (rounds alternating: the pair, version 6's product + swiglu_forward, version 9).
-// h13 (M, 2F) = inp (M, C) w13 (2F, C)^T.
-static void swiglu_forward_case(const char* name, int M, int F, int C, int rounds) {
-    printf("version 9, %s: M=%d F=%d C=%d\n", name, M, F, C);
-    const size_t n_act = (size_t)M * F, n_h13 = 2 * n_act;
-    floatX* inp = device_random<floatX>((size_t)M * C, 41, 1.0f);
-    floatX* w13 = device_random<floatX>(2 * (size_t)F * C, 42, 0.1f);
-    floatX *h13_ref, *hact_ref, *h13, *hact;
-    cudaCheck(cudaMalloc(&h13_ref, n_h13 * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&h13, n_h13 * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&hact_ref, n_act * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&hact, n_act * sizeof(floatX)));
-    for (floatX* p : {h13_ref, h13}) poison(p, n_h13 * sizeof(floatX));
-    for (floatX* p : {hact_ref, hact}) poison(p, n_act * sizeof(floatX));
-    auto pair = [&](int version) {
-        if (version == 0) matmul_cublaslt(h13_ref, inp, w13, M, 2 * F, C, false);
-        else matmul_wgmma(version, h13_ref, inp, w13, M, 2 * F, C, false);
-        swiglu_forward(hact_ref, h13_ref, M, F, 0);
-    };
-    auto fused = [&] { matmul_swiglu_forward_fused(h13, hact, inp, w13, M, F, C, 0); };
-    pair(0);
-    fused();
-    cudaCheck(cudaDeviceSynchronize());
-    validate_bitwise("h13 against cuBLASLt + swiglu_forward", h13, h13_ref, n_h13);
-    validate_bitwise("hact against cuBLASLt + swiglu_forward", hact, hact_ref, n_act);
-    const char* names[3] = {"cuBLASLt + swiglu_forward", "version 6 + swiglu_forward", "version 9"};
-    time_against_pairs(rounds, 2.0 * M * (2.0 * F) * C, names, pair, fused);
-    for (floatX* p : {inp, w13, h13_ref, hact_ref, h13, hact}) cudaCheck(cudaFree(p));
-}
-
 int main(int argc, char** argv) {
     require_gpu(argv[0]);
     const int rounds = argc > 1 ? std::max(1, atoi(argv[1])) : 1;
     std::vector<int> versions = {0};  // cuBLASLt, then the versions to time (default: all)
     for (int i = 2; i < argc; i++) versions.push_back(atoi(argv[i]));
-    if (versions.size() == 1) versions = {0, 1, 2, 3, 4, 5, 6, 8, 7, 9};
-    auto take = [&](int version) {  // the fused cases, not products of their own
-        const bool asked = std::find(versions.begin(), versions.end(), version) != versions.end();
-        versions.erase(std::remove(versions.begin(), versions.end(), version), versions.end());
-        return asked;
-    };
-    const bool backward_case = take(7), forward_case = take(9);
+    if (versions.size() == 1) versions = {0, 1, 2, 3, 4, 5, 6, 8};
     matmul_init(0);
     if (argc > 1 && strcmp(argv[1], "ncu") == 0) {  // one call of each on the w13 shape, for the profiler
         const Shape s = {"w13 fwd", 16384, 16384, 2048, false};
@@ -954,8 +779,6 @@ int main(int argc, char** argv) {
             validate_shape(version, small_tn, 256);
             validate_shape(version, small_nn, 256);
         }
-        swiglu_backward_case("small", 256, 512, 192, 0);
-        swiglu_forward_case("small", 256, 512, 192, 0);
         matmul_destroy();
         return finish(argv[0]);
     }
@@ -968,14 +791,6 @@ int main(int argc, char** argv) {
         validate_shape(version, small_tn, 256);
         validate_shape(version, small_nn, 256);
         for (const Shape& s : shapes) validate_shape(version, s, 4);
-    }
-    if (backward_case) {
-        swiglu_backward_case("small", 256, 512, 192, 0);
-        swiglu_backward_case("the 1B's w2 dinp", 16384, 8192, 2048, rounds);
-    }
-    if (forward_case) {
-        swiglu_forward_case("small", 256, 512, 192, 0);
-        swiglu_forward_case("the 1B's w13", 16384, 8192, 2048, rounds);
     }
     if (versions.size() > 1) {
         for (const Shape& s : shapes) time_shape(s, rounds, versions);

@@ -1,10 +1,10 @@
 // cp.async tile loaders shared by the dev/cuda attention versions that load their own tiles (the trainer's Hopper
-// kernels in llmc/attention_wgmma.cuh are fed by TMA instead): attention_forward.cu v4, attention_backward.cu v5 and
+// kernels in llmc/attention_wgmma_*.cuh are fed by TMA instead): attention_forward.cu v4, attention_backward.cu v5 and
 // its sweep configurations, v6-v9. 2 warpgroups per CTA (WGMMA_THREADS), every thread loads its share.
 #pragma once
 
 #include "../../llmc/attention.cuh"
-#include "../../llmc/ptx.cuh"
+#include "ptx_dev.cuh"
 
 #if !defined(ENABLE_FP32)
 
