@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
     // the floor of a loss: u |loss| / sqrt(counted targets), see the top of the file
     auto loss_floor = [&](float ref_loss) { return BF16_FLOOR * fabs(ref_loss) / sqrt((double)counted); };
     auto check_grads = [&](const char* suffix) {
-        std::vector<float> grads = to_host_floats(model.grads.ptr, model.num_params);
+        std::vector<float> grads = to_host_floats(model.grads.buffer.ptr, model.num_params);
         size_t offset = 0, k = 0;
         for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
             if (layout.sizes[t] == 0) continue;

@@ -11,8 +11,8 @@
 //
 // Several GPUs (mpirun -np N ./train_llama3cu ...): data parallel, one process per GPU, each rank a part of every
 // batch; gradients are summed over the ranks while the backward runs, and with -Z 1 or 2 each rank keeps only its
-// shard of the optimizer state (and with 2 of the gradients). llmc/multi_gpu.cuh has the processes, the collectives
-// and the shard layout; this file says when they happen.
+// shard of the optimizer state (and with 2 of the gradients). llmc/multi_gpu.cuh has the processes, the collectives,
+// the shard layout and the gradients' buffers and reductions (Gradients); this file says when they happen.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -66,8 +66,10 @@ struct Activations {
     DeviceBuffer<floatX> lnf;           // (N, C): final norm output
     DeviceBuffer<float> rstdf;          // (N)
     DeviceBuffer<float> losses;         // (N): per-row cross-entropy
-    // backward scratch, reused by every layer
-    DeviceBuffer<floatX> dresidual, dnorm;
+    // (N, C), reused by every layer: in the forward each branch's output (the wo or w2 product) until the fused
+    // residual add and norm take it; in the backward, which no longer needs those, each norm output's gradient.
+    DeviceBuffer<floatX> branch_out;
+    DeviceBuffer<floatX> dresidual;     // (N, C): backward scratch, reused by every layer
     // One allocation holds the layers' backward scratch (datty, dqkv, dh13, dhact) and, over the same memory, the
     // classifier's logits: (chunk, V), a chunk of rows' logits, then their gradient. Each is dead while the other is
     // in use, so the chunk can be large: every chunk reads the (V, C) lm_head twice and reads and writes its gradient,
@@ -234,22 +236,15 @@ struct Optimizer {
 struct Llama3 {
     Llama3Config config;
     size_t num_params = 0;
-    DeviceBuffer<floatX> params, grads;
+    DeviceBuffer<floatX> params;
+    // Where the backward writes the gradients, and on several GPUs their sum over the ranks (llmc/multi_gpu.cuh).
+    // Stage 0: every buffer is whole. Stage 1: the optimizer holds this rank's shard (optimizer.count = num_params /
+    // ranks) and grads.summed its part of the summed gradients. Stage 2: also grads.buffer is only scratch.
+    Gradients grads;
     Optimizer optimizer;
-    // Several GPUs (llmc/multi_gpu.cuh). Stage 0: every buffer above is whole. Stage 1: the optimizer holds this
-    // rank's shard (optimizer.count = num_params / ranks) and grad_shard its part of the summed gradients. Stage 2:
-    // also `grads` is only scratch: two layer-sized buffers that alternate, then the head tensors (embedding, final
-    // norm, lm_head), each reduced as soon as the backward has filled it.
-    int zero_stage = 0;
-    bool overlap_reduction = true;
-    ShardLayout shards;
-    size_t layer_grad_size = 0;
-    DeviceBuffer<floatX> grad_shard;
     DeviceBuffer<double> reduce_scratch;
-    cudaStream_t comm_stream = 0;
-    cudaEvent_t grads_ready = nullptr, comm_done = nullptr, slot_free[2] = {nullptr, nullptr};
-    // Stages 1 and 2 gather the updated weights on comm_stream in the order the next forward needs them: the head
-    // tensors (group 0), then layer l (group l + 1). The forward waits for each group just before it uses it.
+    // Stages 1 and 2 gather the updated weights on grads.comm_stream in the order the next forward needs them: the
+    // head tensors (group 0), then layer l (group l + 1). The forward waits for each group just before it uses it.
     cudaEvent_t part_updated = nullptr;
     std::vector<cudaEvent_t> params_gathered;
     bool gather_pending = false;
@@ -271,25 +266,11 @@ struct Llama3 {
     cudaEvent_t losses_staged = nullptr;
     Profiler profiler;
 
-    bool sharded() const { return zero_stage >= 1; }
-
-    // The shard layout for this run's ranks; stops with a message when the model does not split evenly.
+    // The shard layout for this run's ranks (stops with a message when the model does not split evenly), and on
+    // several GPUs the streams and events of the collectives.
     void setup_ranks() {
-        const MultiGpu& mg = g_multi_gpu;
-        std::string why;
-        if (!make_shard_layout(config, mg.world, mg.rank, &shards, &why)) {
-            if (zero_stage >= 1) {
-                fprintf(stderr, "Error: -Z %d shards every tensor slice over the %d GPUs, but %s; use -Z 0\n",
-                        zero_stage, mg.world, why.c_str());
-                fail_exit();
-            }
-            make_shard_layout(config, 1, 0, &shards, &why);  // stage 0 reduces whole slices: any size works
-        }
-        if (mg.world > 1) {
-            cudaCheck(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
-            cudaCheck(cudaEventCreateWithFlags(&grads_ready, cudaEventDisableTiming));
-            cudaCheck(cudaEventCreateWithFlags(&comm_done, cudaEventDisableTiming));
-            for (cudaEvent_t& e : slot_free) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        grads.setup(config);
+        if (g_multi_gpu.world > 1) {
             cudaCheck(cudaEventCreateWithFlags(&part_updated, cudaEventDisableTiming));
             params_gathered.resize(config.n_layers + 1);
             for (cudaEvent_t& e : params_gathered) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -300,20 +281,9 @@ struct Llama3 {
     void allocate_params() {
         num_params = param_layout(config).total;
         setup_ranks();
-        size_t opt_count = sharded() ? shards.shard_size : num_params;
         params = DeviceBuffer<floatX>(num_params);
-        if (zero_stage == 2) {
-            ParamLayout layout = param_layout(config);
-            layer_grad_size = 0;
-            for (int i : shards.layer_slices[0]) layer_grad_size += shards.slices[i].size;
-            size_t head = layout.sizes[TOK_EMBEDDING] + layout.sizes[FINAL_NORM] + layout.sizes[LM_HEAD];
-            grads = DeviceBuffer<floatX>(2 * layer_grad_size + head);
-        } else {
-            grads = DeviceBuffer<floatX>(num_params);
-        }
-        if (sharded()) grad_shard = DeviceBuffer<floatX>(opt_count);
-        optimizer.allocate(opt_count);
-        cudaCheck(cudaMemset(grads.ptr, 0, grads.bytes()));
+        grads.allocate();
+        optimizer.allocate(grads.sharded() ? grads.shards.shard_size : num_params);
         optimizer.allocate_moments();
         std::vector<float> cos_table, sin_table;
         rope_tables(config, config.max_seq_len, &cos_table, &sin_table);
@@ -330,8 +300,8 @@ struct Llama3 {
         // every rank draws the whole model (the same seed: the same weights); a sharded master keeps its parts
         DeviceBuffer<float>& master = optimizer.master;
         DeviceBuffer<float> whole_master;
-        if (master.ptr && sharded()) whole_master = DeviceBuffer<float>(num_params);
-        float* init_master = sharded() ? whole_master.ptr : master.ptr;
+        if (master.ptr && grads.sharded()) whole_master = DeviceBuffer<float>(num_params);
+        float* init_master = grads.sharded() ? whole_master.ptr : master.ptr;
         size_t offset = 0;
         for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
             bool residual_projection = t == WO || t == W2;
@@ -341,6 +311,7 @@ struct Llama3 {
             offset += layout.sizes[t];
         }
         if (whole_master.ptr) {
+            const ShardLayout& shards = grads.shards;
             for (const ParamSlice& s : shards.slices) {
                 cudaCheck(cudaMemcpyAsync(master.ptr + shards.shard_offset(s), whole_master.ptr + shards.owned_offset(s),
                                           shards.part(s) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
@@ -362,10 +333,11 @@ struct Llama3 {
         cudaCheck(cudaMemcpy(params.ptr, converted.data(), params.bytes(), cudaMemcpyHostToDevice));
         DeviceBuffer<float>& master = optimizer.master;
         if (master.ptr == nullptr) return;
-        if (!sharded()) {
+        if (!grads.sharded()) {
             cudaCheck(cudaMemcpy(master.ptr, host.data(), master.bytes(), cudaMemcpyHostToDevice));
             return;
         }
+        const ShardLayout& shards = grads.shards;
         for (const ParamSlice& s : shards.slices) {
             cudaCheck(cudaMemcpy(master.ptr + shards.shard_offset(s), host.data() + shards.owned_offset(s),
                                  shards.part(s) * sizeof(float), cudaMemcpyHostToDevice));
@@ -384,7 +356,7 @@ struct Llama3 {
     }
 
     std::vector<float> params_fp32() const {
-        if (gather_pending) stream_sync(comm_stream);
+        if (gather_pending) stream_sync(grads.comm_stream);
         std::vector<floatX> raw(num_params);
         cudaCheck(cudaMemcpy(raw.data(), params.ptr, params.bytes(), cudaMemcpyDeviceToHost));
         return std::vector<float>(raw.begin(), raw.end());
@@ -415,7 +387,7 @@ struct Llama3 {
         a.rstdf = DeviceBuffer<float>(N);
         a.losses = DeviceBuffer<float>(N);
         a.dresidual = DeviceBuffer<floatX>(N * C);
-        a.dnorm = DeviceBuffer<floatX>(N * C);
+        a.branch_out = DeviceBuffer<floatX>(N * C);
         // The backward's scratch, each buffer at a 256-byte boundary (TMA and 16-byte accesses); the classifier's rows
         // in chunks of equal size, as few as fit in that scratch plus 2^28 elements.
         auto aligned = [](size_t count) { return (count * sizeof(floatX) + 255) / 256 * 256 / sizeof(floatX); };
@@ -472,12 +444,14 @@ struct Llama3 {
         cudaCheck(cudaEventRecord(batch_uploaded[upload_slot], stream));
         upload_slot ^= 1;
 
-        prof.begin("fwd embedding + norm");
-        wait_params_gathered(0);
-        encoder_forward(a.residual.ptr, a.inputs.ptr, p.tok_embedding, N, C, stream);
-        // later layers' input norms are fused with the residual add at the end of the previous layer
-        rmsnorm_forward(layer_slice(a.ln1, 0, NC), a.rstd1.ptr, a.residual.ptr, p.attn_norm, N, C, c.norm_eps, stream);
-        prof.end();
+        {
+            ProfileScope region(prof, "fwd embedding + norm");
+            wait_params_gathered(0);
+            encoder_forward(a.residual.ptr, a.inputs.ptr, p.tok_embedding, N, C, stream);
+            // later layers' input norms are fused with the residual add at the end of the previous layer
+            rmsnorm_forward(layer_slice(a.ln1, 0, NC), a.rstd1.ptr, a.residual.ptr, p.attn_norm, N, C, c.norm_eps,
+                            stream);
+        }
         for (int l = 0; l < L; l++) {
             floatX* x = a.residual.ptr + l * NC;
             floatX* ln1 = layer_slice(a.ln1, l, NC);
@@ -488,37 +462,41 @@ struct Llama3 {
             floatX* h13 = layer_slice(a.h13, l, (size_t)N * 2 * F);
             floatX* hact = layer_slice(a.hact, l, (size_t)N * F);
             wait_params_gathered(l + 1);
-            prof.begin("fwd qkv matmul");
-            matmul_forward(qkv, ln1, p.wqkv + (size_t)l * QKV * C, N, C, QKV, stream);
-            prof.end();
-            prof.begin("fwd rope");
-            rope_forward(qkv, rope_table.ptr, b, t, H, KV, hd, stream);
-            prof.end();
-            prof.begin("fwd attention");
-            attention_forward(atty, a.lse.ptr + (size_t)l * N * H, qkv, b, t, H, KV, hd, stream);
-            prof.end();
-            // the attention projection goes to dnorm, free until the backward, then joins the residual stream
-            prof.begin("fwd wo matmul + norm");
-            matmul_forward(a.dnorm.ptr, atty, p.wo + (size_t)l * C * H * hd, N, H * hd, C, stream);
-            fused_residual_rmsnorm_forward(mid, ln2, a.rstd2.ptr + (size_t)l * N, x, a.dnorm.ptr,
-                                           p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
-            prof.end();
-            prof.begin("fwd w13 matmul + swiglu");
-            matmul_swiglu_forward(h13, hact, ln2, p.w13 + (size_t)l * 2 * F * C, N, F, C, stream);
-            prof.end();
-            // x_{l+1} = mid + mlp, added in the kernel that normalises it for the next layer (or the head)
-            prof.begin("fwd w2 matmul + norm");
-            matmul_forward(a.dnorm.ptr, hact, p.w2 + (size_t)l * C * F, N, F, C, stream);
-            floatX* x_next = a.residual.ptr + (l + 1) * NC;
-            if (l + 1 < L) {
-                fused_residual_rmsnorm_forward(x_next, layer_slice(a.ln1, l + 1, NC),
-                                               a.rstd1.ptr + (size_t)(l + 1) * N, mid, a.dnorm.ptr,
-                                               p.attn_norm + (size_t)(l + 1) * C, N, C, c.norm_eps, stream);
-            } else {
-                fused_residual_rmsnorm_forward(x_next, a.lnf.ptr, a.rstdf.ptr, mid, a.dnorm.ptr, p.final_norm, N, C,
-                                               c.norm_eps, stream);
+            {
+                ProfileScope region(prof, "fwd qkv matmul");
+                matmul_forward(qkv, ln1, p.wqkv + (size_t)l * QKV * C, N, C, QKV, stream);
             }
-            prof.end();
+            {
+                ProfileScope region(prof, "fwd rope");
+                rope_forward(qkv, rope_table.ptr, b, t, H, KV, hd, stream);
+            }
+            {
+                ProfileScope region(prof, "fwd attention");
+                attention_forward(atty, a.lse.ptr + (size_t)l * N * H, qkv, b, t, H, KV, hd, stream);
+            }
+            {  // the attention projection, then mid = x + it, normalised for the MLP
+                ProfileScope region(prof, "fwd wo matmul + norm");
+                matmul_forward(a.branch_out.ptr, atty, p.wo + (size_t)l * C * H * hd, N, H * hd, C, stream);
+                fused_residual_rmsnorm_forward(mid, ln2, a.rstd2.ptr + (size_t)l * N, x, a.branch_out.ptr,
+                                               p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
+            }
+            {
+                ProfileScope region(prof, "fwd w13 matmul + swiglu");
+                matmul_swiglu_forward(h13, hact, ln2, p.w13 + (size_t)l * 2 * F * C, N, F, C, stream);
+            }
+            {  // x_{l+1} = mid + mlp, added in the kernel that normalises it for the next layer (or the head)
+                ProfileScope region(prof, "fwd w2 matmul + norm");
+                matmul_forward(a.branch_out.ptr, hact, p.w2 + (size_t)l * C * F, N, F, C, stream);
+                floatX* x_next = a.residual.ptr + (l + 1) * NC;
+                if (l + 1 < L) {
+                    fused_residual_rmsnorm_forward(x_next, layer_slice(a.ln1, l + 1, NC),
+                                                   a.rstd1.ptr + (size_t)(l + 1) * N, mid, a.branch_out.ptr,
+                                                   p.attn_norm + (size_t)(l + 1) * C, N, C, c.norm_eps, stream);
+                } else {
+                    fused_residual_rmsnorm_forward(x_next, a.lnf.ptr, a.rstdf.ptr, mid, a.branch_out.ptr,
+                                                   p.final_norm, N, C, c.norm_eps, stream);
+                }
+            }
         }
         gather_pending = false;  // every later use of the weights is queued after these waits
     }
@@ -526,13 +504,13 @@ struct Llama3 {
     // The classifier on the last forward's (b, t) rows, with the targets it uploaded: the logits, chunk by chunk so
     // the (rows, V) logits never exist for the whole batch, and the per-row losses. With dloss != 0 it also starts
     // the backward: each chunk's logits become dlogits (scaled by dloss), and the lm_head matmul's backward runs
-    // right away, so acts.dnorm holds d(lnf) and grads hold the lm_head gradient afterwards.
+    // right away, so acts.branch_out holds d(lnf) (the backward's first dnorm) and grads the lm_head gradient.
     void classifier(int b, int t, float dloss) {
         const Llama3Config& c = config;
         int N = b * t, C = c.dim, V = c.vocab_size;
         ParamTensors<floatX> p = point_params(params.ptr, c);
         Activations& a = acts;
-        ParamTensors<floatX> g = head_grads();
+        ParamTensors<floatX> g = grads.head();
         ProfileScope scope(profiler, "classifier (fwd + bwd)");
         for (int row = 0; row < N; row += classifier_chunk) {
             int rows = std::min(classifier_chunk, N - row);
@@ -540,7 +518,7 @@ struct Llama3 {
             fused_classifier(a.logits, a.losses.ptr + row, dloss, a.targets.ptr + row, rows, V, dloss != 0.0f,
                              stream);
             if (dloss != 0.0f) {
-                matmul_backward(a.dnorm.ptr + (size_t)row * C, g.lm_head, a.logits, a.lnf.ptr + (size_t)row * C,
+                matmul_backward(a.branch_out.ptr + (size_t)row * C, g.lm_head, a.logits, a.lnf.ptr + (size_t)row * C,
                                 p.lm_head, rows, C, V, !(overwrite_grads && row == 0), stream);
             }
         }
@@ -567,51 +545,7 @@ struct Llama3 {
         return staged_loss_sum(0, N);
     }
 
-    // Where the backward writes gradients. head_grads: tok_embedding, final_norm and lm_head; layer_grads(l): the
-    // per-layer tensors, each pointing at layer l's slice. Stages 0 and 1: their place in `grads`; stage 2: the
-    // scratch (layer l in buffer l % 2, the head tensors after both).
-    ParamTensors<floatX> head_grads() {
-        ParamTensors<floatX> g = point_params(grads.ptr, config);
-        if (zero_stage == 2) {
-            size_t VC = (size_t)config.vocab_size * config.dim;
-            g.tok_embedding = grads.ptr + 2 * layer_grad_size;
-            g.final_norm = g.tok_embedding + VC;
-            g.lm_head = config.tied_embeddings ? g.tok_embedding : g.final_norm + config.dim;
-        }
-        return g;
-    }
-    ParamTensors<floatX> layer_grads(int l) {
-        ParamTensors<floatX> g = point_params(grads.ptr, config);
-        ParamLayout layout = param_layout(config);
-        floatX* slot = grads.ptr + (size_t)(l % 2) * layer_grad_size;
-        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-            if (!param_is_per_layer(t)) continue;
-            size_t slice = layout.sizes[t] / config.n_layers;
-            if (zero_stage == 2) {
-                g[t] = slot;
-                slot += slice;
-            } else {
-                g[t] += (size_t)l * slice;
-            }
-        }
-        return g;
-    }
-
-    // Sums the gradient slices `indices` (held at their places in g) over the ranks on comm_stream, after what the
-    // main stream has queued so far; `done` (optional) is recorded when they are finished.
-    void reduce_gradients(const std::vector<int>& indices, const ParamTensors<floatX>& g, bool accumulate,
-                          cudaEvent_t done) {
-        std::vector<floatX*> src;
-        for (int i : indices) src.push_back(g[shards.slices[i].tensor]);
-        cudaCheck(cudaEventRecord(grads_ready, stream));
-        cudaCheck(cudaStreamWaitEvent(comm_stream, grads_ready));
-        reduce_gradient_slices(shards, indices, src, zero_stage, grad_shard.ptr, accumulate, comm_stream);
-        cudaCheck(cudaEventRecord(comm_done, comm_stream));
-        if (done != nullptr) cudaCheck(cudaEventRecord(done, comm_stream));
-        if (!overlap_reduction) cudaCheck(cudaStreamWaitEvent(stream, comm_done));
-    }
-
-    // Backward of the last forward and classifier(..., dloss != 0); gradients accumulate into `grads` (the first
+    // Backward of the last forward and classifier(..., dloss != 0); gradients accumulate into grads (the first
     // backward after zero_grad writes them). With `reduce` (several GPUs: the last micro-batch of a step, or every
     // one with stage 2) each layer's gradients are summed over the ranks as soon as the layer is done, overlapping
     // the layers below; the head tensors go last and are waited for.
@@ -622,21 +556,20 @@ struct Llama3 {
         int F = c.ffn_hidden, L = c.n_layers;
         size_t NC = (size_t)N * C;
         ParamTensors<floatX> p = point_params(params.ptr, c);
-        ParamTensors<floatX> hg = head_grads();
+        ParamTensors<floatX> hg = grads.head();
         Activations& a = acts;
+        floatX* dnorm = a.branch_out.ptr;  // the gradient of each norm's output in turn, from the matmul before it
         Profiler& prof = profiler;
-        prof.begin("bwd final norm");
-        cudaCheck(cudaMemsetAsync(a.dresidual.ptr, 0, NC * sizeof(floatX), stream));
         bool add = !overwrite_grads;  // to the gradients, or over them (the step's first micro-batch)
-        rmsnorm_backward(a.dresidual.ptr, hg.final_norm, a.rmsnorm_scratch.ptr, nullptr, a.dnorm.ptr,
-                         a.residual.ptr + L * NC, p.final_norm, a.rstdf.ptr, N, C, add, stream);
-        prof.end();
+        {
+            ProfileScope region(prof, "bwd final norm");
+            cudaCheck(cudaMemsetAsync(a.dresidual.ptr, 0, NC * sizeof(floatX), stream));
+            rmsnorm_backward(a.dresidual.ptr, hg.final_norm, a.rmsnorm_scratch.ptr, nullptr, dnorm,
+                             a.residual.ptr + L * NC, p.final_norm, a.rstdf.ptr, N, C, add, stream);
+        }
         for (int l = L - 1; l >= 0; l--) {
-            ParamTensors<floatX> g = layer_grads(l);
-            if (zero_stage == 2) {  // the buffer's last layer (l + 2) must be reduced before it is cleared
-                cudaCheck(cudaStreamWaitEvent(stream, slot_free[l % 2]));
-                cudaCheck(cudaMemsetAsync(g.attn_norm, 0, layer_grad_size * sizeof(floatX), stream));
-            }
+            grads.begin_layer(l, stream);
+            ParamTensors<floatX> g = grads.layer(l);
             floatX* x = a.residual.ptr + l * NC;
             floatX* mid = a.residual_mid.ptr + l * NC;
             floatX* ln1 = layer_slice(a.ln1, l, NC);
@@ -652,68 +585,64 @@ struct Llama3 {
             // backward, between the input-gradient and the weight-gradient matmuls; at level 2 the w13 product must
             // be recomputed before the w2 backward, and it needs ln2 first.
             if (recompute >= 2) {
-                prof.begin("bwd recompute");
+                ProfileScope region(prof, "bwd recompute");
                 rmsnorm_forward(ln2, rstd2, mid, p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
                 matmul_forward(h13, ln2, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, stream);
-                prof.end();
             }
             // the MLP branch: dresidual is the gradient of its output. The w2 weight gradient comes after the swiglu
             // backward, which also recomputes hact (at recompute level 1 and up) from its one pass over h13.
-            prof.begin("bwd w2 matmul + swiglu");
-            matmul_swiglu_backward(a.dh13, recompute >= 1 ? hact : nullptr, a.dhact, a.dresidual.ptr,
-                                   p.w2 + (size_t)l * C * F, h13, N, F, C, stream);
-            matmul_backward(nullptr, g.w2, a.dresidual.ptr, hact, p.w2 + (size_t)l * C * F, N, F, C, add, stream);
-            prof.end();
-            prof.begin("bwd w13 matmul + norm");
-            matmul_backward(a.dnorm.ptr, nullptr, a.dh13, nullptr, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, add,
-                            stream);
-            rmsnorm_backward(a.dresidual.ptr, g.ffn_norm, a.rmsnorm_scratch.ptr, recompute == 1 ? ln2 : nullptr,
-                             a.dnorm.ptr, mid, p.ffn_norm + (size_t)l * C, rstd2, N, C, add, stream);
-            matmul_backward(nullptr, g.w13, a.dh13, ln2, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, add, stream);
-            prof.end();
+            {
+                ProfileScope region(prof, "bwd w2 matmul + swiglu");
+                matmul_swiglu_backward(a.dh13, recompute >= 1 ? hact : nullptr, a.dhact, a.dresidual.ptr,
+                                       p.w2 + (size_t)l * C * F, h13, N, F, C, stream);
+                matmul_backward(nullptr, g.w2, a.dresidual.ptr, hact, p.w2 + (size_t)l * C * F, N, F, C, add,
+                                stream);
+            }
+            {
+                ProfileScope region(prof, "bwd w13 matmul + norm");
+                matmul_backward(dnorm, nullptr, a.dh13, nullptr, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, add,
+                                stream);
+                rmsnorm_backward(a.dresidual.ptr, g.ffn_norm, a.rmsnorm_scratch.ptr, recompute == 1 ? ln2 : nullptr,
+                                 dnorm, mid, p.ffn_norm + (size_t)l * C, rstd2, N, C, add, stream);
+                matmul_backward(nullptr, g.w13, a.dh13, ln2, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, add,
+                                stream);
+            }
             // the attention branch
-            prof.begin("bwd wo matmul");
-            matmul_backward(a.datty, g.wo, a.dresidual.ptr, atty, p.wo + (size_t)l * C * H * hd, N, H * hd, C, add,
-                            stream);
-            prof.end();
-            prof.begin("bwd attention + rope");  // RoPE's backward inside (on Hopper, as the kernels store dq, dk)
-            attention_backward(a.dqkv, a.attention_delta.ptr, a.datty, qkv, atty, a.lse.ptr + (size_t)l * N * H,
-                               rope_table.ptr, b, t, H, KV, hd, stream);
-            prof.end();
-            prof.begin("bwd qkv matmul + norm");
-            matmul_backward(a.dnorm.ptr, nullptr, a.dqkv, nullptr, p.wqkv + (size_t)l * QKV * C, N, C, QKV, add,
-                            stream);
-            rmsnorm_backward(a.dresidual.ptr, g.attn_norm, a.rmsnorm_scratch.ptr, recompute >= 1 ? ln1 : nullptr,
-                             a.dnorm.ptr, x, p.attn_norm + (size_t)l * C, rstd1, N, C, add, stream);
-            matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, p.wqkv + (size_t)l * QKV * C, N, C, QKV, add, stream);
-            prof.end();
-            if (reduce) reduce_gradients(shards.layer_slices[l], g, accumulate, slot_free[l % 2]);
+            {
+                ProfileScope region(prof, "bwd wo matmul");
+                matmul_backward(a.datty, g.wo, a.dresidual.ptr, atty, p.wo + (size_t)l * C * H * hd, N, H * hd, C,
+                                add, stream);
+            }
+            {  // RoPE's backward inside (on Hopper, as the kernels store dq, dk)
+                ProfileScope region(prof, "bwd attention + rope");
+                attention_backward(a.dqkv, a.attention_delta.ptr, a.datty, qkv, atty, a.lse.ptr + (size_t)l * N * H,
+                                   rope_table.ptr, b, t, H, KV, hd, stream);
+            }
+            {
+                ProfileScope region(prof, "bwd qkv matmul + norm");
+                matmul_backward(dnorm, nullptr, a.dqkv, nullptr, p.wqkv + (size_t)l * QKV * C, N, C, QKV, add, stream);
+                rmsnorm_backward(a.dresidual.ptr, g.attn_norm, a.rmsnorm_scratch.ptr, recompute >= 1 ? ln1 : nullptr,
+                                 dnorm, x, p.attn_norm + (size_t)l * C, rstd1, N, C, add, stream);
+                matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, p.wqkv + (size_t)l * QKV * C, N, C, QKV, add, stream);
+            }
+            if (reduce) grads.layer_done(l, accumulate, stream);
         }
-        ProfileScope scope(prof, "bwd embedding");
+        ProfileScope region(prof, "bwd embedding");
         embedding_plan.build(host_inputs.data(), N, stream);
         encoder_backward(hg.tok_embedding, a.dresidual.ptr, embedding_plan, C, stream);
         overwrite_grads = false;
-        if (reduce) {
-            reduce_gradients(shards.head_slices, hg, accumulate, nullptr);
-            cudaCheck(cudaStreamWaitEvent(stream, comm_done));
-            if (zero_stage == 2) {  // reduced: clear the head buffer for the next micro-batch's classifier
-                cudaCheck(cudaMemsetAsync(hg.tok_embedding, 0,
-                                          (grads.ptr + grads.count - hg.tok_embedding) * sizeof(floatX), stream));
-            }
-        }
+        if (reduce) grads.head_done(accumulate, stream);
     }
 
-    // The gradients restart at zero. Outside ZeRO stage 2 that takes no pass over them: the next classifier and
-    // backward write every gradient instead of adding to it (beta = 0 in the matmuls, which then do not read it),
-    // except the untied embedding's, to which the backward adds row by row; that one alone is cleared here.
+    // The gradients restart at zero. Outside ZeRO stage 2 (which clears its gradient slots itself) that takes no pass
+    // over them: the next classifier and backward write every gradient instead of adding to it (beta = 0 in the
+    // matmuls, which then do not read it), except the untied embedding's, to which the backward adds row by row;
+    // that one alone is cleared here.
     void zero_grad() {
-        if (zero_stage == 2) {  // the backward clears and reduces the gradient slots itself, and adds to the shard
-            cudaCheck(cudaMemsetAsync(grads.ptr, 0, grads.bytes(), stream));
-            return;
-        }
+        if (grads.zero_grad(stream)) return;
         overwrite_grads = true;
         if (!config.tied_embeddings) {
-            floatX* embedding = point_params(grads.ptr, config).tok_embedding;
+            floatX* embedding = point_params(grads.buffer.ptr, config).tok_embedding;
             cudaCheck(cudaMemsetAsync(embedding, 0, (size_t)config.vocab_size * config.dim * sizeof(floatX), stream));
         }
     }
@@ -727,11 +656,11 @@ struct Llama3 {
     }
     void queue_grad_norm() {
         ProfileScope scope(profiler, "grad norm");
-        if (sharded()) {
-            global_norm_squared(acts.norm_partials.ptr, grad_shard.ptr, optimizer.count, 0, stream);
+        if (grads.sharded()) {
+            global_norm_squared(acts.norm_partials.ptr, grads.summed.ptr, optimizer.count, 0, stream);
             all_reduce_sum_device(acts.norm_partials.ptr, global_norm_scratch_floats(1), stream);
         } else {
-            global_norm_squared(acts.norm_partials.ptr, grads.ptr, num_params, 0, stream);
+            global_norm_squared(acts.norm_partials.ptr, grads.buffer.ptr, num_params, 0, stream);
         }
         global_norm_finish(acts.norm_value.ptr, acts.norm_partials.ptr, 1, stream);
         cudaCheck(cudaMemcpyAsync(host_norm.ptr, acts.norm_value.ptr, sizeof(float), cudaMemcpyDeviceToHost, stream));
@@ -743,26 +672,27 @@ struct Llama3 {
 
     // One AdamW step (step is 1-based) with the gradients scaled by grad_scale; no weight decay on the gains.
     // Stages 1 and 2: this rank updates its part of every slice (the same arithmetic and random bits as the whole
-    // update), then all ranks exchange their parts. The gathers run on comm_stream, one group at a time as soon as
-    // its parts are updated, and overlap the rest of the update and the next forward (with -Q 0 the main stream
+    // update), then all ranks exchange their parts. The gathers run on grads.comm_stream, one group at a time as soon
+    // as its parts are updated, and overlap the rest of the update and the next forward (with -Q 0 the main stream
     // waits for each).
     void update(float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step,
                 unsigned int seed) {
         ProfileScope scope(profiler, "optimizer");
         AdamWStep s{lr, beta1, beta2, eps, weight_decay, grad_scale, step, seed};
-        if (!sharded()) {
-            optimizer.update_all(params.ptr, grads.ptr, config, s, stream);
+        if (!grads.sharded()) {
+            optimizer.update_all(params.ptr, grads.buffer.ptr, config, s, stream);
             return;
         }
-        optimizer.update_shard(params.ptr, grad_shard.ptr, shards, s, stream,
+        cudaStream_t comm_stream = grads.comm_stream;
+        optimizer.update_shard(params.ptr, grads.summed.ptr, grads.shards, s, stream,
                                [&](int group, const std::vector<int>& indices) {
             cudaCheck(cudaEventRecord(part_updated, stream));
             cudaCheck(cudaStreamWaitEvent(comm_stream, part_updated));
-            all_gather_params(shards, indices, params.ptr, comm_stream);
+            all_gather_params(grads.shards, indices, params.ptr, comm_stream);
             cudaCheck(cudaEventRecord(params_gathered[group], comm_stream));
-            if (!overlap_reduction) cudaCheck(cudaStreamWaitEvent(stream, params_gathered[group]));
+            if (!grads.overlap) cudaCheck(cudaStreamWaitEvent(stream, params_gathered[group]));
         });
-        gather_pending = overlap_reduction;
+        gather_pending = grads.overlap;
     }
 
     // Before the forward uses group g's weights (0: the head tensors, l + 1: layer l): wait for their gather.
@@ -851,7 +781,7 @@ static void write_state_file(const std::string& path, Llama3& model, int step, D
                              uint64_t sampler_rng, uint64_t run_id, int64_t tokens_per_step) {
     int32_t h[STATE_HEADER_SLOTS];
     state_header_pack(state_header_for(model.config, step, model.optimizer.master.ptr != nullptr, run_id,
-                                       tokens_per_step, model.zero_stage), h);
+                                       tokens_per_step, model.grads.stage), h);
     AtomicFile out(path);
     fwriteCheck(h, sizeof(int32_t), STATE_HEADER_SLOTS, out.fp, "state header");
     model.optimizer.save(out.fp, out.path.c_str(), model.config);
@@ -1016,6 +946,7 @@ static Options parse_options(int argc, char** argv) {
         const char* flag = argv[i];
         if (strcmp(flag, "-h") == 0 || strcmp(flag, "--help") == 0) {
             usage(Options());
+            flush_stdout_check();
             exit(0);
         }
         if (flag[0] != '-' || strlen(flag) != 2) {
@@ -1196,13 +1127,18 @@ static std::string config_summary(const Llama3Config& c) {
 // Which model the run trains and which run it is. A fresh run: the config of -e (checked against -c/-d if given too)
 // or of -c/-d, and a new run id; an -o holding checkpoints is refused unless -F 1. A resumed run (-y 1): the run
 // named in <out>/run.txt at its newest state (*start_step), whose model file gives the config; a -e or -c that
-// disagrees with the run is refused.
+// disagrees with the run is refused. Only a fresh run creates -o (and its parents), once its model is settled;
+// resuming reads an existing run directory and creates nothing.
 static Llama3Config resolve_run(const Options& opt, const std::string& out_dir, RunInfo* run, int* start_step) {
     bool from_file = opt.model_path[0] != '\0', from_name = opt.config_name[0] != '\0';
     if (opt.depth > 0 && !from_name) bad_flag("-d", std::to_string(opt.depth).c_str(), "applies to -c only");
-    if (!out_dir.empty()) ensure_directory(out_dir, "-o");
     if (opt.resume) {
         if (out_dir.empty()) bad_flag("-y", "1", "resuming needs the run's output dir (-o)");
+        if (!is_directory(out_dir.c_str())) {
+            fprintf(stderr, "Error: -y 1 resumes the run in '%s' (-o), but there is no such directory\n",
+                    out_dir.c_str());
+            fail_exit();
+        }
         exit_if_error(read_run_file(out_dir, run));
         std::string err;
         std::vector<int> steps = run_state_steps(out_dir, run->id, &err);
@@ -1239,7 +1175,10 @@ static Llama3Config resolve_run(const Options& opt, const std::string& out_dir, 
                 config_summary(c).c_str(), opt.config_name, opt.depth);
         fail_exit();
     }
-    if (!out_dir.empty()) exit_if_error(check_fresh_run_dir(out_dir, opt.force != 0));
+    if (!out_dir.empty()) {
+        ensure_directory(out_dir, "-o");
+        exit_if_error(check_fresh_run_dir(out_dir, opt.force != 0));
+    }
     run->id = new_run_id();
     run->source = from_file ? "-e " + absolute_path(opt.model_path)
                             : std::string("-c ") + opt.config_name + " -d " + std::to_string(opt.depth);
@@ -1365,8 +1304,8 @@ int main(int argc, char** argv) {
     cudaCheck(cudaStreamCreate(&model.stream));
     model.optimizer.use_master = opt.master_weights != 0;
     model.optimizer.bf16_state = strcmp(opt.optimizer_state, "bf16") == 0;
-    model.zero_stage = zero_stage;
-    model.overlap_reduction = opt.overlap_reduction != 0;
+    model.grads.stage = zero_stage;
+    model.grads.overlap = opt.overlap_reduction != 0;
     model.recompute = opt.recompute;
     model.profiler.timing = opt.profile != 0;
     model.profiler.stream = model.stream;
@@ -1411,9 +1350,9 @@ int main(int argc, char** argv) {
            (long long)train_loader.total_tokens);
     if (mg.world > 1) {
         printf("multi-GPU: ZeRO stage %d | optimizer state per GPU: %zu of %zu elements | gradient reduction %s\n",
-               model.zero_stage, model.optimizer.count, model.num_params,
-               model.overlap_reduction ? "overlapped with the backward (gather: with the forward)"
-                                        : "not overlapped (-Q 0)");
+               model.grads.stage, model.optimizer.count, model.num_params,
+               model.grads.overlap ? "overlapped with the backward (gather: with the forward)"
+                                   : "not overlapped (-Q 0)");
     }
     printf("flops/token %.3e (6 x matmul weights + 6 L H hd T causal attention)\n", model.flops_per_token(opt.T));
     printf("memory: recompute level %d, master weights %s, AdamW state %s; mem = device memory in use beyond the CUDA "
@@ -1475,8 +1414,8 @@ int main(int argc, char** argv) {
             model.classifier(opt.B, opt.T, 1.0f / (float)step_targets);
             // several GPUs: stages 0 and 1 sum the gradients once they are complete (the last micro-batch),
             // stage 2 every micro-batch into the gradient shard
-            bool reduce = mg.world > 1 && (model.zero_stage == 2 || micro == grad_accum - 1);
-            model.backward(opt.B, opt.T, reduce, model.zero_stage == 2 && micro > 0);
+            bool reduce = mg.world > 1 && (model.grads.stage == 2 || micro == grad_accum - 1);
+            model.backward(opt.B, opt.T, reduce, model.grads.stage == 2 && micro > 0);
             model.stage_losses(micro, opt.B * opt.T);
         }
         bool all_masked = step_targets == 0;

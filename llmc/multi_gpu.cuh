@@ -350,3 +350,144 @@ inline void all_gather_params(const ShardLayout& s, const std::vector<int>& indi
     (void)s; (void)indices; (void)params; (void)stream;
 #endif
 }
+
+// ----------------------------------------------------------------------------------------------------------------
+// A rank's gradients and their sum over the ranks
+
+// Where the backward writes the gradients, and their reduction as soon as each group of them is complete (stages:
+// see the top of this file). Stages 0 and 1: `buffer` is the whole gradient in flat parameter order. Stage 2:
+// `buffer` is only scratch, two layer-sized slots that alternate (layer l in slot l % 2) followed by the head
+// tensors (embedding, final norm, lm_head); a slot is cleared before each use, once the reduction of the layer it
+// held before is done. Stages 1 and 2 sum into `summed`, this rank's shard of the summed gradients.
+//
+// The backward calls begin_layer(l) before it writes layer l's gradients, layer_done(l) after, and head_done() once
+// the head tensors' are complete. The reductions run on comm_stream after what the main stream has queued so far, so
+// each layer's overlaps the backward of the layers below; the main stream waits for the head's, the last, so the
+// step's gradients are complete after head_done (with overlap off, -Q 0, it waits for each).
+struct Gradients {
+    int stage = 0;         // ZeRO stage (-Z); 0 on one GPU
+    bool overlap = true;   // -Q; it applies to the weight gathers after a sharded update too
+    ShardLayout shards;
+    DeviceBuffer<floatX> buffer, summed;
+    size_t slot_size = 0;  // stage 2: one layer's gradients
+    cudaStream_t comm_stream = 0;  // the collectives: these reductions, and the weight gathers after a sharded update
+    cudaEvent_t queued = nullptr, reduced = nullptr, slot_free[2] = {nullptr, nullptr};
+
+    bool sharded() const { return stage >= 1; }
+
+    // The shard layout of `c` over this run's ranks, and on several GPUs the stream and events of the reductions.
+    // Stops with a message when a sharded stage is asked for and the model does not split evenly.
+    void setup(const Llama3Config& c) {
+        config = c;
+        const MultiGpu& mg = g_multi_gpu;
+        std::string why;
+        if (!make_shard_layout(c, mg.world, mg.rank, &shards, &why)) {
+            if (sharded()) {
+                fprintf(stderr, "Error: -Z %d shards every tensor slice over the %d GPUs, but %s; use -Z 0\n", stage,
+                        mg.world, why.c_str());
+                fail_exit();
+            }
+            make_shard_layout(c, 1, 0, &shards, &why);  // stage 0 reduces whole slices: any size works
+        }
+        if (mg.world > 1) {
+            cudaCheck(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
+            cudaCheck(cudaEventCreateWithFlags(&queued, cudaEventDisableTiming));
+            cudaCheck(cudaEventCreateWithFlags(&reduced, cudaEventDisableTiming));
+            for (cudaEvent_t& e : slot_free) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        }
+    }
+
+    // `buffer` (zeroed) and `summed`, after setup.
+    void allocate() {
+        if (stage == 2) {
+            ParamLayout layout = param_layout(config);
+            slot_size = 0;
+            for (int i : shards.layer_slices[0]) slot_size += shards.slices[i].size;
+            size_t head = layout.sizes[TOK_EMBEDDING] + layout.sizes[FINAL_NORM] + layout.sizes[LM_HEAD];
+            buffer = DeviceBuffer<floatX>(2 * slot_size + head);
+        } else {
+            buffer = DeviceBuffer<floatX>(param_layout(config).total);
+        }
+        if (sharded()) summed = DeviceBuffer<floatX>(shards.shard_size);
+        cudaCheck(cudaMemset(buffer.ptr, 0, buffer.bytes()));
+    }
+
+    // Where the backward writes the gradients of the head tensors (tok_embedding, final_norm and lm_head) and of
+    // layer l's (the per-layer tensors, each pointing at layer l's slice).
+    ParamTensors<floatX> head() const {
+        ParamTensors<floatX> g = point_params(buffer.ptr, config);
+        if (stage == 2) {
+            g.tok_embedding = buffer.ptr + 2 * slot_size;
+            g.final_norm = g.tok_embedding + (size_t)config.vocab_size * config.dim;
+            g.lm_head = config.tied_embeddings ? g.tok_embedding : g.final_norm + config.dim;
+        }
+        return g;
+    }
+    ParamTensors<floatX> layer(int l) const {
+        ParamTensors<floatX> g = point_params(buffer.ptr, config);
+        ParamLayout layout = param_layout(config);
+        floatX* slot = buffer.ptr + (size_t)(l % 2) * slot_size;
+        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+            if (!param_is_per_layer(t)) continue;
+            size_t slice = layout.sizes[t] / config.n_layers;
+            if (stage == 2) {
+                g[t] = slot;
+                slot += slice;
+            } else {
+                g[t] += (size_t)l * slice;
+            }
+        }
+        return g;
+    }
+
+    // Before the backward writes layer l's gradients. Stage 2: the slot's last layer (l + 2) must be reduced before
+    // the slot is cleared.
+    void begin_layer(int l, cudaStream_t stream) {
+        if (stage != 2) return;
+        cudaCheck(cudaStreamWaitEvent(stream, slot_free[l % 2]));
+        cudaCheck(cudaMemsetAsync(buffer.ptr + (size_t)(l % 2) * slot_size, 0, slot_size * sizeof(floatX), stream));
+    }
+
+    // Layer l's gradients are complete on `stream`: sums them over the ranks on comm_stream. `accumulate`: stage 2
+    // adds into `summed` instead of overwriting it (the micro-batches after a step's first).
+    void layer_done(int l, bool accumulate, cudaStream_t stream) {
+        reduce(shards.layer_slices[l], layer(l), accumulate, slot_free[l % 2], stream);
+    }
+
+    // The head tensors' gradients, the step's last, are complete: sums them, and `stream` waits for every reduction.
+    // Stage 2 then clears the head tensors for the next micro-batch's classifier.
+    void head_done(bool accumulate, cudaStream_t stream) {
+        ParamTensors<floatX> g = head();
+        reduce(shards.head_slices, g, accumulate, nullptr, stream);
+        cudaCheck(cudaStreamWaitEvent(stream, reduced));
+        if (stage == 2) {
+            size_t head = buffer.ptr + buffer.count - g.tok_embedding;
+            cudaCheck(cudaMemsetAsync(g.tok_embedding, 0, head * sizeof(floatX), stream));
+        }
+    }
+
+    // The gradients restart at zero. Stage 2 clears `buffer` here (the backward adds into it) and returns true.
+    // The other stages return false: the caller's next backward overwrites the gradients instead of adding to them.
+    bool zero_grad(cudaStream_t stream) {
+        if (stage != 2) return false;
+        cudaCheck(cudaMemsetAsync(buffer.ptr, 0, buffer.bytes(), stream));
+        return true;
+    }
+
+  private:
+    Llama3Config config;
+
+    // Sums the slices `indices` (held at their places in g) over the ranks on comm_stream, after what `stream` has
+    // queued so far; `done` (optional) is recorded when they are finished.
+    void reduce(const std::vector<int>& indices, const ParamTensors<floatX>& g, bool accumulate, cudaEvent_t done,
+                cudaStream_t stream) {
+        std::vector<floatX*> src;
+        for (int i : indices) src.push_back(g[shards.slices[i].tensor]);
+        cudaCheck(cudaEventRecord(queued, stream));
+        cudaCheck(cudaStreamWaitEvent(comm_stream, queued));
+        reduce_gradient_slices(shards, indices, src, stage, summed.ptr, accumulate, comm_stream);
+        cudaCheck(cudaEventRecord(reduced, comm_stream));
+        if (done != nullptr) cudaCheck(cudaEventRecord(done, comm_stream));
+        if (!overlap) cudaCheck(cudaStreamWaitEvent(stream, reduced));
+    }
+};

@@ -6,7 +6,8 @@
 // prints a table of milliseconds per step and share of the step. Regions with the same name (the same part of
 // every layer) add up. Regions must not nest when timing: each one's time is its own. When timing, begin() first
 // waits for the stream, so a region's time is its GPU work alone, not GPU idle time while the CPU was still
-// launching; the sum of the regions against the step's wall time then shows the host overhead.
+// launching; the sum of the regions against the step's wall time then shows the host overhead. Code marks a region
+// with a ProfileScope for the length of a block.
 #pragma once
 
 #include <nvtx3/nvToolsExt.h>
@@ -105,10 +106,13 @@ struct Profiler {
     }
 };
 
-// Brackets a C++ scope as a region.
+// Brackets a C++ scope as a region: `ProfileScope region(prof, "fwd rope");` ends it where the scope ends, so a
+// region is a block and cannot be left open on an early return. Not copyable: a copy would end the region twice.
 struct ProfileScope {
     Profiler& profiler;
     ProfileScope(Profiler& p, const char* name) : profiler(p) { profiler.begin(name); }
+    ProfileScope(const ProfileScope&) = delete;
+    ProfileScope& operator=(const ProfileScope&) = delete;
     ~ProfileScope() { profiler.end(); }
 };
 

@@ -265,9 +265,16 @@ private:
 };
 
 // Flushes stdout (a step line must reach a redirected stdout before the next step can be killed) and checks it.
+// The fflush result alone misses a full disk under line buffering: the write fails inside printf, which drops the
+// line and leaves only the stream's error flag, and the fflush after it has nothing left to write. The flag stays
+// set, so a write that failed anywhere since the last check is caught too.
 inline void flush_stdout_check() {
     if (fflush(stdout) != 0) {
         fprintf(stderr, "Error: could not write to stdout: %s\n", strerror(errno));
-        exit(EXIT_FAILURE);
+        fail_exit();
+    }
+    if (ferror(stdout)) {
+        fprintf(stderr, "Error: could not write to stdout: a write to it failed (a full disk?), lines are missing\n");
+        fail_exit();
     }
 }

@@ -1,9 +1,11 @@
 // Command-line access to the trainer's host-side reliability helpers, for dev/test/test_reliability.py (CPU only):
-// checked and atomic writes (llmc/utils.h), checkpoint writing (llmc/checkpoint.h), the flag arithmetic
-// (llmc/flag_checks.h), the non-finite guard (llmc/nonfinite.h) and run directories (llmc/run_dir.h).
+// checked and atomic writes and the stdout check (llmc/utils.h), checkpoint writing (llmc/checkpoint.h), the flag
+// arithmetic (llmc/flag_checks.h), the non-finite guard (llmc/nonfinite.h) and run directories (llmc/run_dir.h).
 //
 //   test_reliability atomic PATH NBYTES           write NBYTES bytes 'x' to PATH through AtomicFile
 //   test_reliability log PATH NLINES              write NLINES lines to PATH through LogFile
+//   test_reliability stdout NLINES                print NLINES lines to stdout, line-buffered as the trainer's, each
+//                                                 followed by flush_stdout_check
 //   test_reliability resave IN OUT [nan|inf T]    load checkpoint IN, optionally poison tensor T's first element,
 //                                                 save it to OUT (fp32)
 //   test_reliability batch B T G RANKS HEADS      plan_batch: "grad_accum A tokens_per_step S" or the error
@@ -50,6 +52,14 @@ int main(int argc, char** argv) {
         for (long long i = 0; i < arg(argv, 3); i++) log.line("line %lld of a test log", i);
         log.close();
         printf("wrote %lld lines\n", arg(argv, 3));
+        return 0;
+    }
+    if (cmd == "stdout" && argc == 3) {
+        setvbuf(stdout, nullptr, _IOLBF, 0);
+        for (long long i = 0; i < arg(argv, 2); i++) {
+            printf("step %lld of a test run\n", i);
+            flush_stdout_check();
+        }
         return 0;
     }
     if (cmd == "resave" && (argc == 4 || argc == 6)) {

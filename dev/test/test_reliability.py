@@ -3,8 +3,8 @@ Reliability on bad input, CPU only (issue 11): every case must end with a non-ze
 message naming the problem (the flag, the file, the tensor).
 
   - the host-side helpers through dev/test/test_reliability (built by `make`): checked and atomic writes on a full
-    disk (/dev/full) or into a directory, checkpoints with NaN/Inf, the flag arithmetic, the non-finite step guard,
-    run-directory ownership and retention;
+    disk (/dev/full) or into a directory, the stdout check, checkpoints with NaN/Inf, the flag arithmetic, the
+    non-finite step guard, run-directory ownership and retention;
   - the CPU reference (dev/cpu/test_llama3_cpu) loading checkpoints that hold NaN or Inf;
   - the trainer's own checks, which all run on the host before the GPU is touched: ./train_llama3cu (built by
     `make train_llama3cu`, as .ci/run does) runs them on a machine without a GPU too, where a command that passes
@@ -121,6 +121,26 @@ def test_log_writes_every_line(tmp_path):
     result = helper("log", tmp_path / "log.txt", 4)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "log.txt").read_text().splitlines() == [f"line {i} of a test log" for i in range(4)]
+
+
+def run_to_full_disk(args):
+    """args with stdout on a full disk: every write to it fails with ENOSPC."""
+    with open("/dev/full", "w") as full:
+        return subprocess.run([str(a) for a in args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+def test_stdout_disk_full():
+    """A line-buffered printf that fails drops its line and leaves only the stream's error flag, and fflush then
+    returns 0: the check must still stop the program rather than let it exit 0 with its lines lost."""
+    if not HELPER.exists():
+        pytest.fail(f"{HELPER} is missing: run `make` first")
+    assert_refused(run_to_full_disk([HELPER, "stdout", 3]), "stdout", "lines are missing")
+
+
+def test_stdout_writes_every_line():
+    result = helper("stdout", 3)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"step {i} of a test run" for i in range(3)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -506,6 +526,11 @@ def test_trainer_refuses_another_runs_directory(data, tmp_path):
     assert passes_host_checks(run(base_cmd(data, out, "-F", 1)))
 
 
+def test_trainer_help_on_a_full_disk():
+    """The trainer's one output that needs no GPU: lost, it is an error too, not exit 0."""
+    assert_refused(run_to_full_disk([trainer(), "-h"]), "stdout")
+
+
 @pytest.mark.parametrize("case", ["file", "under a file"])
 def test_trainer_out_dir_not_a_directory(data, tmp_path, case):
     (tmp_path / "f").write_text("x")
@@ -532,6 +557,19 @@ def resumable(tmp_path, precision):
 
 def resume_cmd(data, out, *extra):
     return base_cmd(data, out, "-y", 1, "-x", 8, *extra, model=None)
+
+
+@pytest.mark.parametrize("case", ["resume", "resume with -e", "fresh run with a missing model"])
+def test_trainer_refused_run_creates_no_directory(data, tmp_path, case):
+    """A run refused over its run directory or its model leaves no -o behind, nor any parent of it."""
+    out = tmp_path / "a" / "b" / "run"
+    if case == "fresh run with a missing model":
+        result, words = run(base_cmd(data, out, model=tmp_path / "missing.bin")), ["missing.bin"]
+    else:
+        extra = ["-e", GQA] if case == "resume with -e" else []
+        result, words = run(resume_cmd(data, out, *extra)), ["-y 1", str(out), "no such directory"]
+    assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
+    assert_refused_on_host(result, *words)
 
 
 @pytest.mark.parametrize("extra", [[], ["-e", GQA]])  # with -e: the run's own starting checkpoint, no conflict

@@ -10,7 +10,7 @@ Reliability of training runs on a GPU (issue 11); skipped without one. The CPU s
     N in a row stop the run, a really diverging model (huge final-norm gains) stops without writing non-finite
     weights, a state file holding NaN is refused naming the tensor;
   - run directories: -F 1 over another run, retention of this run's files only, resume of the owning run;
-  - write errors during training: a full disk under log.txt, a directory where a checkpoint goes;
+  - write errors during training: a full disk under log.txt or under stdout, a directory where a checkpoint goes;
   - output: step lines reach a redirected stdout before a kill; sampling with an in-vocab start id.
 
 The model is dev/fixtures/gqa_model.bin (V=259), so no PyTorch is needed.
@@ -323,6 +323,17 @@ def test_log_on_a_full_disk(build, data, tmp_path):
     os.symlink("/dev/full", out / "log.txt")
     result = run(train_cmd(build["BF16"], data, out))
     assert_clean_failure(result, str(out / "log.txt"), "No space left on device")
+    assert result.stderr.count("Error:") == 1
+
+
+def test_stdout_on_a_full_disk(build, data, tmp_path):
+    """Step lines that cannot be written stop the run: line buffering drops a line whose write fails, and the fflush
+    after it returns 0, so only the stream's error flag tells."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([str(c) for c in train_cmd(build["BF16"], data, tmp_path / "run")], stdout=full,
+                                stderr=subprocess.PIPE, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode > 0, f"exit {result.returncode}: the lost step lines went unnoticed\n{result.stderr}"
+    assert_clean_failure(result, "stdout", "lines are missing")
     assert result.stderr.count("Error:") == 1
 
 
