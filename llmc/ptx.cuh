@@ -6,7 +6,8 @@
 //                    __CUDA_ARCH_FEAT_SM90_ALL).
 //   sm_90:           mbarrier with transaction counts, TMA (cp.async.bulk.tensor, also multicast to a cluster),
 //                    elect.sync, setmaxnreg (sm_90a only) and thread-block clusters, for the warp-specialised
-//                    kernels (attention_wgmma.cuh, matmul_swiglu.cuh; same guard).
+//                    kernels (attention_wgmma_forward.cuh, attention_wgmma_backward.cuh, matmul_swiglu.cuh; same
+//                    guard).
 // Every wrapper is one instruction (or one register constraint; mbarrier_wait loops over one; the remote arrive
 // maps the address first); names follow the instruction.
 //
