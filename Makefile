@@ -8,6 +8,10 @@
 #                             (built in temporary directories: the binaries here are left alone)
 #   make run                  the main job (needs a GPU): tinyshakespeare shards, a small model from scratch, a loss plot
 #   make finetune MODEL=path  fine-tune a model on the shipped chat set (dev/data/chat), val loss, a sample answer
+#   make corpus               a real English corpus of ~11M tokens (the convergence test's data): the documentation
+#                             sources of the Debian packages linux-doc, python3-doc and perl-doc (install them
+#                             first: sudo apt-get install linux-doc python3-doc perl-doc), tokenized in parallel
+#                             into CORPUS_DIR (default data/debian_docs) by dev/data/debian_docs.py
 #   make dev/kernel_trace.so  a CUPTI tracer of the GPU timeline (dev/kernel_trace.cpp)
 #
 # Variables: PRECISION=BF16|FP32, GPU_COMPUTE_CAPABILITY (default: read from nvidia-smi, else 90), NO_OMP=1,
@@ -92,7 +96,7 @@ CUDA_TARGETS = train_llama3cu test_llama3cu
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c GPU)
 
-.PHONY: all cpu cuda test run data finetune clean deps cutlass require_gpu
+.PHONY: all cpu cuda test run data corpus finetune clean deps cutlass require_gpu
 
 all: cpu $(if $(HAVE_NVCC),cuda,)
 
@@ -144,6 +148,18 @@ data: $(DATA_DIR)/tiny_shakespeare_train.bin
 $(DATA_DIR)/tiny_shakespeare_train.bin:
 	$(PYTHON) dev/data/tinyshakespeare.py --out_dir $(DATA_DIR)
 	$(PYTHON) dev/data/export_tokenizer.py --out $(DATA_DIR)/tokenizer.bin
+
+# The Debian documentation corpus: train and val shards and the tokenizer, ready for train_llama3cu
+# -i "$(CORPUS_DIR)/debian_docs_train_*.bin" -j "$(CORPUS_DIR)/debian_docs_val_*.bin" -z $(CORPUS_DIR)/tokenizer.bin.
+# Nothing is installed here: a missing package stops the script with the apt-get command to run. `make -B corpus`
+# remakes the shards (after a package upgrade, say).
+CORPUS_DIR ?= data/debian_docs
+
+corpus: $(CORPUS_DIR)/debian_docs_train_000000.bin
+
+$(CORPUS_DIR)/debian_docs_train_000000.bin:
+	$(PYTHON) dev/data/debian_docs.py --out_dir $(CORPUS_DIR)
+	$(PYTHON) dev/data/export_tokenizer.py --out $(CORPUS_DIR)/tokenizer.bin
 
 require_gpu:
 	@command -v $(NVCC) >/dev/null || { echo "Error: $(NVCC) not found: make run needs the CUDA toolkit" >&2; exit 1; }

@@ -18,16 +18,13 @@ of each split may be shorter; a document may straddle two shards). Validation is
 
 import argparse
 import json
-import multiprocessing
 import os
 import random
 import sys
 
-import numpy as np
-from tqdm import tqdm
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llama3_tokenizer import Llama3Tokenizer, resolve_tokenizer_path  # noqa: E402
+from llama3_tokenizer import resolve_tokenizer_path  # noqa: E402
+from parallel_encode import encode_documents  # noqa: E402
 from shards import ShardWriter  # noqa: E402
 
 READ_CHUNK_CHARS = 1 << 20
@@ -104,19 +101,6 @@ def documents(files, text_key, txt_documents):
             yield from paragraph_documents(path)
 
 
-# Each worker process loads the tokenizer once and then encodes the documents it is handed.
-_worker_tokenizer = None
-
-
-def _init_worker(tokenizer_path):
-    global _worker_tokenizer
-    _worker_tokenizer = Llama3Tokenizer(tokenizer_path)
-
-
-def _encode_document(text):
-    return np.array(_worker_tokenizer.encode(text, bos=True), dtype=np.uint32)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", default=None,
@@ -149,17 +133,8 @@ def main():
     choose = random.Random(args.seed)
     docs = documents(files, args.text_key, args.txt_documents)
 
-    if args.workers > 1:
-        pool = multiprocessing.Pool(args.workers, initializer=_init_worker, initargs=(tokenizer_path,))
-        encoded = pool.imap(_encode_document, docs, chunksize=64)  # imap keeps input order
-    else:
-        pool = None
-        _init_worker(tokenizer_path)
-        encoded = map(_encode_document, docs)
-
     num_docs = 0
-    progress = tqdm(unit="tok", unit_scale=True, desc=prefix)
-    for tokens in encoded:
+    for tokens in encode_documents(docs, tokenizer_path, args.workers, desc=prefix):
         num_docs += 1
         if args.val_fraction > 0:
             (val if choose.random() < args.val_fraction else train).add(tokens)
@@ -168,11 +143,6 @@ def main():
             room = args.shard_size - val.filled if not val.paths else 0
             val.add(tokens[:room])
             train.add(tokens[room:])
-        progress.update(len(tokens))
-    progress.close()
-    if pool is not None:
-        pool.close()
-        pool.join()
 
     val_paths, train_paths = val.close(), train.close()
     print(f"{num_docs} documents from {len(files)} file(s)")

@@ -8,8 +8,11 @@ The tests that need the real Llama 3 tokenizer or the tiny shakespeare corpus us
 name.
 """
 
+import gzip
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -482,3 +485,136 @@ def test_text_paragraphs_stream_like_a_whole_file_split(tmp_path, monkeypatch):
 def _contains(stream, doc):
     n = len(doc)
     return any(np.array_equal(stream[i : i + n], doc) for i in range(len(stream) - n + 1))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# debian_docs.py, over a small tree laid out as the Debian packages install theirs (symlinks included)
+
+DEBIAN_ORDER = ["linux-doc", "python3-doc", "perl-doc"]  # the order the script reads the packages in
+
+
+def write_text(path, text, compress=False):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode("utf-8")
+    path.write_bytes(gzip.compress(data, mtime=0) if compress else data)
+
+
+def make_debian_tree(root, packages=DEBIAN_ORDER):
+    """Writes the packages' files under root; returns {document name: text} of what the script should read."""
+    texts = {}
+    doc = root / "usr/share/doc"
+
+    def add(name, path, compress=False):
+        text = f"{name}\n{'=' * len(name)}\n\n" + "The naïve café's driver — 日本語 ok.\n" * (len(texts) % 11 + 1)
+        write_text(path, text, compress)
+        texts[name] = text
+
+    if "linux-doc" in packages:
+        docs = doc / "linux-doc-6.1/Documentation"
+        for i in range(30):
+            ending = ".rst" if i % 3 else ".txt"
+            add(f"linux-doc/area{i % 4}/doc{i}{ending}", docs / f"area{i % 4}/doc{i}{ending}{'.gz' * (i % 2)}", i % 2)
+        write_text(docs / "translations/it_IT/doc0.rst", "Documentazione tradotta.\n")
+        write_text(docs / "area0/bindings.yaml.gz", "compatible: x\n", compress=True)
+        write_text(docs / "images/logo.svg", "<svg/>\n")
+        (doc / "linux-doc").symlink_to("linux-doc-6.1")
+    if "python3-doc" in packages:
+        sources = doc / "python3.11/html/_sources"
+        for i in range(8):
+            add(f"python3-doc/library/mod{i}.rst.txt", sources / f"library/mod{i}.rst.txt")
+        (doc / "python3-doc").mkdir(parents=True)
+        (doc / "python3-doc/html").symlink_to("../python3.11/html")
+    pod = root / "usr/share/perl/5.36.0/pod"
+    write_text(pod / "perldiag.pod", "=head1 NAME\n\nperldiag\n")  # perl-modules ships it, with or without perl-doc
+    if "perl-doc" in packages:
+        texts["perl-doc/perldiag.pod"] = "=head1 NAME\n\nperldiag\n"
+        for i in range(5):
+            add(f"perl-doc/perlpage{i}.pod", pod / f"perlpage{i}.pod")
+        write_text(pod / "perltoc.pod", "=head1 NAME\n\nperltoc - table of contents\n")
+        write_text(pod / "perljp.pod", "=head1 NAME\n\nperljp - 日本語\n")
+        (doc / "perl-doc").mkdir(parents=True)
+    (root / "usr/share/perl/5.36").symlink_to("5.36.0")
+    return texts
+
+
+def debian_docs(args):
+    env = dict(os.environ, LLAMA3_TOKENIZER=env_path("LLAMA3_TOKENIZER"))
+    return subprocess.run([sys.executable, DATA_SCRIPTS / "debian_docs.py"] + [str(a) for a in args],
+                          capture_output=True, text=True, env=env)
+
+
+def debian_docs_ok(args):
+    result = debian_docs(args)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def split_at_bos(stream, tokenizer):
+    """The texts of the documents of a token stream, each starting at a <|begin_of_text|>."""
+    starts = np.flatnonzero(stream == tokenizer.bos_id).tolist()
+    assert starts[:1] == [0]
+    return [tokenizer.decode_bytes(stream[a + 1 : b].tolist()).decode("utf-8")
+            for a, b in zip(starts, starts[1:] + [len(stream)])]
+
+
+def test_debian_docs_shards_decode_to_the_documents(tmp_path, tokenizer):
+    root, out = tmp_path / "root", tmp_path / "out"
+    texts = make_debian_tree(root)
+    val_tokens = 300
+    result = debian_docs_ok(["--root", root, "--out_dir", out, "--val_tokens", val_tokens, "--shard_tokens", 1000,
+                             "--workers", 2])
+    name_of = {text: name for name, text in texts.items()}
+    val_paths, val = read_split(out, "debian_docs", "val")
+    train_paths, train = read_split(out, "debian_docs", "train")
+    val_names = [name_of[t] for t in split_at_bos(val, tokenizer)]
+    train_names = [name_of[t] for t in split_at_bos(train, tokenizer)]
+    # every document once (the left-out files not at all), each split in package order, then name order
+    order = sorted(texts, key=lambda n: (DEBIAN_ORDER.index(n.split("/")[0]), n))
+    assert sorted(val_names + train_names) == sorted(texts)
+    assert val_names == [n for n in order if n in val_names] and train_names == [n for n in order if n in train_names]
+    # validation: the fewest documents, first in SHA-256 order of their names, that reach val_tokens
+    by_hash = sorted(texts, key=lambda n: hashlib.sha256(n.encode()).hexdigest())
+    sizes = [len(tokenizer.encode(texts[n], bos=True)) for n in by_hash]
+    take = next(k for k in range(1, len(sizes) + 1) if sum(sizes[:k]) >= val_tokens)
+    assert sorted(val_names) == sorted(by_hash[:take]) and 0 < len(val_names) < len(texts)
+    assert len(val) == sum(sizes[:take]) >= val_tokens
+    # shards of --shard_tokens tokens, the last one shorter
+    assert [p.name for p in val_paths] == ["debian_docs_val_000000.bin"]
+    assert [shards.read_header(p) for p in train_paths[:-1]] == [1000] * (len(train_paths) - 1)
+    assert len(train_paths) == -(-len(train) // 1000) >= 2
+    assert f"val:   {len(val)} tokens ({take} documents)" in result.stdout
+    assert "linux-doc: 30 documents" in result.stdout and "perl-doc: 6 documents" in result.stdout
+
+
+def test_debian_docs_output_independent_of_workers_and_root(tmp_path):
+    root = tmp_path / "root"
+    make_debian_tree(root)
+    shutil.copytree(root, tmp_path / "elsewhere", symlinks=True)
+    outs = {"one": tmp_path / "one", "two": tmp_path / "two", "moved": tmp_path / "moved"}
+    outs["two"].mkdir()
+    (outs["two"] / "debian_docs_train_000042.bin").write_bytes(b"left by an earlier run")
+    debian_docs_ok(["--root", root, "--out_dir", outs["one"], "--val_tokens", 200, "--shard_tokens", 700,
+                    "--workers", 1])
+    debian_docs_ok(["--root", root, "--out_dir", outs["two"], "--val_tokens", 200, "--shard_tokens", 700,
+                    "--workers", 2])
+    debian_docs_ok(["--root", tmp_path / "elsewhere", "--out_dir", outs["moved"], "--val_tokens", 200,
+                    "--shard_tokens", 700])
+    files = {key: {p.name: p.read_bytes() for p in sorted(out.iterdir())} for key, out in outs.items()}
+    assert len(files["one"]) >= 3 and "debian_docs_val_000000.bin" in files["one"]
+    assert files["one"] == files["two"] == files["moved"]
+
+
+def test_debian_docs_missing_package(tmp_path):
+    root = tmp_path / "root"
+    make_debian_tree(root, packages=["linux-doc"])  # perl's perldiag.pod is there, perl-doc is not
+    result = debian_docs(["--root", root, "--out_dir", tmp_path / "out"])
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "python3-doc, perl-doc are not installed" in result.stderr
+    assert "sudo apt-get install python3-doc perl-doc\n" in result.stderr
+    assert not (tmp_path / "out").exists()
+    result = debian_docs(["--root", tmp_path / "empty", "--out_dir", tmp_path / "out", "--packages", "perl-doc"])
+    assert result.returncode != 0 and "sudo apt-get install perl-doc\n" in result.stderr
+    # the packages that are there are enough when only they are asked for
+    result = debian_docs_ok(["--root", root, "--out_dir", tmp_path / "out", "--packages", "linux-doc",
+                             "--val_tokens", 0])
+    assert "30 documents" in result.stdout and "val:   0 tokens (0 documents) in 0 shard(s)" in result.stdout
