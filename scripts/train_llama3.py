@@ -14,9 +14,26 @@ Examples:
   # the same with a loss mask: 40% of the targets ignored (-1), the loss the mean over the others
   python scripts/train_llama3.py --config test-gqa --batch_size 2 --seq_len 13 --steps 10 --ignore_fraction 0.4 \
       --model out/model.bin --write_debug out/masked_debug.bin
+  # the FP8 twin of the first: the same fp32 reference, but the error section holds PyTorch's FP8 emulation of the
+  # trainer's FP8 recipe (bf16 autocast with the four per-layer products in FP8) instead of bf16 autocast's
+  python scripts/train_llama3.py --config test-gqa --batch_size 2 --seq_len 13 --steps 10 --fp8 \
+      --model out/model.bin --write_debug out/fp8_debug.bin
   # train on token shards with bf16 autocast and torch.compile
   python scripts/train_llama3.py --config d12 --input_bin "data/tinyshakespeare/*_train.bin" \
       --batch_size 16 --seq_len 1024 --steps 50 --dtype bfloat16 --compile 1
+  # the same as the trainer would run it (scripts/convergence.py): its batch order without shuffling (-f 0), its lr
+  # schedule, its val loss, its log.txt lines; with --fp8 (emulated) or --torchao_float8 for the FP8 linears
+  python scripts/train_llama3.py --model out/model.bin --input_bin "data/debian_docs/*_train_*.bin" \
+      --val_bin "data/debian_docs/*_val_*.bin" -B 16 -T 1024 --steps 3000 --lr 6e-4 --schedule cosine \
+      --warmup 100 --final_fraction 0.1 --val_every 250 --dtype bfloat16 --compile 1 --log out/torch/log.txt
+
+FP8 (--fp8): the trainer's recipe, emulated. The four per-layer products (wqkv, wo, w13, w2) quantize their bf16
+operands with per-tensor current scaling, s = FP8_MAX / amax of the tensor cast (llmc/fp8.cuh): the forward's input
+and weight to e4m3 (max 448), the backward's output gradient to e5m2 (max 57344), each x * s rounded to fp32,
+saturated and rounded to nearest even. The products (forward, dinp, dweight) sum the exact products of the FP8 values
+in fp32 and multiply by the inverse scales, output bf16; --fp8_scaled_mm has torch._scaled_mm do them instead (the
+FP8 tensor cores on a GPU, about 13 bits of accumulation window: what the trainer's cuBLASLt products do). lm_head,
+the embedding, the norms and attention stay as bf16 autocast has them.
 """
 
 import argparse
@@ -252,6 +269,99 @@ class Llama3(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# FP8: the trainer's recipe emulated (--fp8), and torchao's float8 training (--torchao_float8)
+
+FP8_LINEARS = ("wqkv", "wo", "w13", "w2")
+FP8_SCALE_MAX = 2.0**126
+
+
+def fp8_scale(amax, fp8_max):
+    """s = fp8_max / amax in fp32, at most 2^126; 1 where amax is 0, infinite or NaN (llmc/fp8.cuh). A tensor
+    divided by a tensor: `number / tensor` would be reciprocal(tensor) * number, rounded twice."""
+    amax = amax.float()
+    s = torch.clamp(torch.full_like(amax, fp8_max) / amax, max=FP8_SCALE_MAX)
+    return torch.where((amax > 0) & torch.isfinite(amax), s, torch.ones_like(s))
+
+
+def fp8_quantize(x, dtype):
+    """(q, inv_scale): x rounded to bf16 (the trainer's operands are bf16), times the scale from its amax, rounded to
+    fp32, saturated to the format's largest value and rounded to nearest even in `dtype` (torch.float8_e4m3fn or
+    torch.float8_e5m2); inv_scale = 1 / s in fp32, what the products multiply by."""
+    fp8_max = torch.finfo(dtype).max
+    x = x.bfloat16().float()
+    s = fp8_scale(x.abs().amax(), fp8_max)
+    return (x * s).clamp(-fp8_max, fp8_max).to(dtype), torch.reciprocal(s)
+
+
+def fp8_product(a, inv_a, b, inv_b, scaled_mm):
+    """(a / s_a) (b / s_b)^T in bf16, for FP8 a (M, K) and b (N, K): the exact products of the FP8 values summed in
+    fp32, times inv_a * inv_b (cuBLASLt's D = scale_A scale_B A B), rounded to bf16; with scaled_mm,
+    torch._scaled_mm (without fast accumulation, as the trainer's products)."""
+    if scaled_mm:
+        return torch._scaled_mm(a, b.t(), scale_a=inv_a, scale_b=inv_b, out_dtype=torch.bfloat16)
+    return (a.float() @ b.float().t() * (inv_a * inv_b)).bfloat16()
+
+
+class Fp8Matmul(torch.autograd.Function):
+    """y = x W^T with x and W in e4m3; in the backward the output gradient in e5m2 (its own scale) for both dinp and
+    dweight, against the e4m3 x and W of the forward. Every product's output is bf16; the gradients are returned
+    in the dtype of x and W (bf16 values)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, scaled_mm):
+        with torch.autocast(x.device.type, enabled=False):
+            qx, inv_x = fp8_quantize(x.reshape(-1, x.shape[-1]), torch.float8_e4m3fn)
+            qw, inv_w = fp8_quantize(weight, torch.float8_e4m3fn)
+            out = fp8_product(qx, inv_x, qw, inv_w, scaled_mm)
+        ctx.save_for_backward(qx, inv_x, qw, inv_w)
+        ctx.scaled_mm, ctx.x_shape, ctx.x_dtype, ctx.w_dtype = scaled_mm, x.shape, x.dtype, weight.dtype
+        return out.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        qx, inv_x, qw, inv_w = ctx.saved_tensors
+        with torch.autocast(grad_out.device.type, enabled=False):
+            qg, inv_g = fp8_quantize(grad_out.reshape(-1, grad_out.shape[-1]), torch.float8_e5m2)
+            dinp = fp8_product(qg, inv_g, qw.t().contiguous(), inv_w, ctx.scaled_mm)
+            dweight = fp8_product(qg.t().contiguous(), inv_g, qx.t().contiguous(), inv_x, ctx.scaled_mm)
+        return dinp.view(ctx.x_shape).to(ctx.x_dtype), dweight.to(ctx.w_dtype), None
+
+
+class Fp8Linear(nn.Linear):
+    def __init__(self, linear, scaled_mm):
+        with torch.device("meta"):
+            super().__init__(linear.in_features, linear.out_features, bias=False)
+        self.weight = linear.weight  # the same parameter: checkpoints and the optimizer see no difference
+        self.scaled_mm = scaled_mm
+
+    def forward(self, x):
+        return Fp8Matmul.apply(x, self.weight, self.scaled_mm)
+
+
+def use_fp8_emulation(model, scaled_mm):
+    """Swaps the four per-layer linears of every block for Fp8Linear (lm_head and the rest stay as they are)."""
+    for layer in model.layers:
+        for name in FP8_LINEARS:
+            setattr(layer, name, Fp8Linear(getattr(layer, name), scaled_mm))
+    return model
+
+
+def use_torchao_float8(model, device):
+    """torchao's float8 training, tensorwise recipe (dynamic per-tensor scales, e4m3 forward, e5m2 gradients), on
+    every nn.Linear but lm_head: on a GPU with FP8 tensor cores (sm_89 or later: H100) only."""
+    if not device.startswith("cuda") or not torch.cuda.is_available() or \
+            torch.cuda.get_device_capability(device) < (8, 9):
+        raise SystemExit(f"error: --torchao_float8 needs a CUDA GPU with FP8 tensor cores (sm_89 or later, e.g. an "
+                         f"H100); this run's device is '{device}'")
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        raise SystemExit(f"error: --torchao_float8 needs torchao (pip install torchao==0.18.0): {e}")
+    config = Float8LinearConfig.from_recipe_name("tensorwise")
+    return convert_to_float8_training(model, config=config, module_filter_fn=lambda module, fqn: fqn != "lm_head")
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Files
 
 
@@ -368,6 +478,19 @@ def load_tokens(pattern):
     return np.concatenate(parts).astype(np.int64), np.concatenate(masks).astype(bool)
 
 
+def batch_starts(pattern, B, T):
+    """Where each batch of B*T+1 tokens starts in load_tokens(pattern)'s concatenation, in the order of the trainer's
+    loader without shuffling (llmc/dataloader.h, -f 0; one process): the shards in sorted name order, each one's
+    (N - 1) // (B*T) batches front to back (a batch never crosses a shard's end; the tokens after the last one are
+    not used). Training takes them in this order and starts over after the last (the next epoch)."""
+    starts, offset = [], 0
+    for path in sorted(glob.glob(pattern)):
+        n = int(np.fromfile(path, dtype=np.int32, count=3)[2])
+        starts.append(offset + B * T * np.arange((n - 1) // (B * T)))
+        offset += n
+    return np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Training
 
@@ -380,10 +503,33 @@ def forward_backward(model, inputs, targets, autocast):
     return logits, loss
 
 
-def clip_and_update(model, optimizer, grad_clip):
-    """The second half: clip the gradients to grad_clip, take the AdamW step, clear the gradients. Returns the
-    pre-clip grad norm."""
+def lr_at(hp, step, total):
+    """The trainer's learning rate for step `step` (from 0) of `total` (llmc/schedule.h; here in float64, there in
+    float32): linear warmup from lr/warmup over hp.warmup steps, then hp.schedule down to lr * final_fraction."""
+    if step < hp.warmup:
+        return hp.lr * (step + 1) / hp.warmup
+    lr_min = hp.lr * hp.final_fraction
+    span = total - hp.warmup
+    progress = min(max((step - hp.warmup) / (span - 1), 0.0), 1.0) if span > 1 else 1.0
+    if hp.schedule == "cosine":
+        return lr_min + (hp.lr - lr_min) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if hp.schedule == "linear":
+        return hp.lr - (hp.lr - lr_min) * progress
+    if hp.schedule == "wsd":  # constant, then linear down over the last 20% of the steps
+        decay_steps = int(0.2 * total)
+        if step < total - decay_steps or decay_steps <= 0:
+            return hp.lr
+        t = (step - (total - decay_steps)) / (decay_steps - 1) if decay_steps > 1 else 1.0
+        return hp.lr - (hp.lr - lr_min) * min(t, 1.0)
+    return hp.lr
+
+
+def clip_and_update(model, optimizer, grad_clip, lr):
+    """The second half: clip the gradients to grad_clip, take the AdamW step at learning rate lr, clear the
+    gradients. Returns the pre-clip grad norm."""
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return norm
@@ -401,7 +547,9 @@ def bf16_autocast_errors(model, inputs, targets, hp, steps, device, ref):
     AdamW steps under bf16 autocast (fp32 master weights), against the fp32 run ref = (logits, loss, grads,
     step_losses, step_norms). Returns the debug state's bf16 section: logits max_rel and rel_norm, |loss diff|, the
     max_rel and rel_norm of each gradient tensor (checkpoint order), then per step |loss diff| and the relative
-    difference of the grad norm. The CUDA tie-out bounds its BF16 build by a multiple of these (test_llama3.cu)."""
+    difference of the grad norm. The CUDA tie-out bounds its BF16 build by a multiple of these (test_llama3.cu).
+    With `model`'s four per-layer linears in FP8 (use_fp8_emulation), the same measures for the FP8 recipe: the
+    bounds of the trainer's FP8 mode."""
     ref_logits, ref_loss, ref_grads, ref_step_losses, ref_step_norms = ref
     optimizer = make_optimizer(model, hp, device)
     autocast = torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
@@ -412,7 +560,7 @@ def bf16_autocast_errors(model, inputs, targets, hp, steps, device, ref):
             first += [*tensor_errors(logits, ref_logits), abs(loss.item() - ref_loss.item())]
             for grad, ref_grad in zip(model.grads_in_file_order(), ref_grads):
                 first += tensor_errors(grad, ref_grad)
-        norm = clip_and_update(model, optimizer, hp.grad_clip)
+        norm = clip_and_update(model, optimizer, hp.grad_clip, lr_at(hp, step, steps))
         per_step += [abs(loss.item() - ref_step_losses[step]),
                      abs(norm.item() - ref_step_norms[step]) / ref_step_norms[step]]
     return first + per_step
@@ -428,17 +576,25 @@ def make_optimizer(model, hp, device):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="d12", help="llama3.1-8B, llama3.2-1B, llama3.2-3B, dN, test-gqa, test-tied")
+    parser.add_argument("--config", default="d12",
+                        help="llama3.1-8B, llama3.2-1B, llama3.2-3B, dN, test-gqa, test-tied")
     parser.add_argument("--depth", type=int, default=0, help="keep only the first N layers (0: all)")
     parser.add_argument("--model", default="", help="start from this checkpoint instead of a random init")
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--input_bin", default="", help="token shard glob; random tokens when empty")
+    parser.add_argument("--val_bin", default="", help="val token shard glob: the val loss as the trainer computes it")
+    parser.add_argument("--val_every", type=int, default=0, help="val loss every N steps (and at 0 and the last)")
+    parser.add_argument("--val_batches", type=int, default=20, help="val batches per evaluation, -1 all")
     parser.add_argument("--ignore_fraction", type=float, default=0.0,
                         help="mask each target with this probability (seeded): target -1, left out of the loss")
     parser.add_argument("--batch_size", "-B", type=int, default=4)
     parser.add_argument("--seq_len", "-T", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--schedule", default="constant", choices=["cosine", "linear", "constant", "wsd"],
+                        help="the trainer's lr schedules (-k), after --warmup steps")
+    parser.add_argument("--warmup", type=int, default=0)
+    parser.add_argument("--final_fraction", type=float, default=0.0, help="final lr as a fraction of the peak")
     parser.add_argument("--beta1", type=float, default=0.9)
     parser.add_argument("--beta2", type=float, default=0.95)
     parser.add_argument("--eps", type=float, default=1e-8)
@@ -447,11 +603,31 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="bfloat16 = autocast with fp32 master weights")
+    parser.add_argument("--fp8", action="store_true",
+                        help="the trainer's FP8 recipe, emulated, on the bf16 autocast run: the training run with "
+                             "--dtype bfloat16, the error twin of --write_debug with --dtype float32")
+    parser.add_argument("--fp8_scaled_mm", action="store_true", help="--fp8's products by torch._scaled_mm")
+    parser.add_argument("--torchao_float8", action="store_true",
+                        help="torchao float8 training (tensorwise) on every linear but lm_head; needs --dtype "
+                             "bfloat16 and a GPU with FP8 tensor cores")
     parser.add_argument("--compile", type=int, default=0)
+    parser.add_argument("--log", default="", help="write the trainer's log.txt lines (train_loss, val_loss) here")
     parser.add_argument("--write_model", default="", help="write the initial model here (fp32) and *_bf16.bin")
-    parser.add_argument("--write_debug", default="", help="write the debug state here (trains on one fixed batch; with --dtype float32 it also "
-                        "holds the errors of the same run under bf16 autocast)")
+    parser.add_argument("--write_debug", default="",
+                        help="write the debug state here (trains on one fixed batch; with --dtype float32 it also "
+                             "holds the errors of the same run under bf16 autocast, or with --fp8 under the FP8 "
+                             "recipe)")
     args = parser.parse_args()
+    if args.fp8 and args.torchao_float8:
+        raise SystemExit("error: --fp8 and --torchao_float8 are two FP8 recipes: choose one")
+    if args.fp8 and args.dtype == "float32" and not args.write_debug:
+        raise SystemExit("error: --fp8 needs --dtype bfloat16 (or --write_debug, whose bf16 twin it then changes)")
+    if args.fp8_scaled_mm and not args.fp8:
+        raise SystemExit("error: --fp8_scaled_mm needs --fp8")
+    if args.torchao_float8 and args.dtype != "bfloat16":
+        raise SystemExit("error: --torchao_float8 needs --dtype bfloat16")
+    if args.val_every < 0 or (args.val_every > 0) != bool(args.val_bin):
+        raise SystemExit("error: --val_bin and --val_every > 0 go together")
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -473,23 +649,34 @@ def main():
 
     if not 0.0 <= args.ignore_fraction < 1.0:
         raise SystemExit(f"error: --ignore_fraction {args.ignore_fraction} not in [0, 1)")
-    if args.input_bin:
-        tokens, mask = load_tokens(args.input_bin)
-        tokens, mask = torch.from_numpy(tokens), torch.from_numpy(mask)
-        if len(tokens) < B * T + 1:
-            raise SystemExit(f"error: '{args.input_bin}' has {len(tokens)} tokens, need {B * T + 1} for one batch")
+
+    def shards(pattern):
+        tokens, mask = load_tokens(pattern)
+        starts = batch_starts(pattern, B, T)
+        if len(starts) == 0:
+            raise SystemExit(f"error: no shard of '{pattern}' has the {B * T + 1} tokens of one batch")
         if int(tokens.max()) >= config.vocab_size:
             raise SystemExit(f"error: token id {int(tokens.max())} >= vocab size {config.vocab_size}")
+        return torch.from_numpy(tokens), torch.from_numpy(mask), starts
+
+    if args.input_bin:
+        tokens, mask, starts = shards(args.input_bin)
     else:
         gen = torch.Generator().manual_seed(args.seed + 1)
         tokens = torch.randint(0, config.vocab_size, (B * T * max(1, args.steps) + 1,), generator=gen)
         mask = torch.ones(len(tokens), dtype=torch.bool)
+        starts = B * T * np.arange(max(1, args.steps))
     if args.ignore_fraction > 0:
         gen = torch.Generator().manual_seed(args.seed + 2)
         mask &= torch.rand(len(tokens), generator=gen) >= args.ignore_fraction
+    val = shards(args.val_bin) if args.val_bin else None
 
     initial = copy.deepcopy(model) if args.write_debug else None  # the bf16 twin of the debug run starts here
+    if args.fp8 and args.dtype == "bfloat16":
+        use_fp8_emulation(model, args.fp8_scaled_mm)
     device = args.device
+    if args.torchao_float8:
+        use_torchao_float8(model, device)
     model = model.to(device)
     hp = args
     optimizer = make_optimizer(model, hp, device)
@@ -497,14 +684,41 @@ def main():
                               enabled=args.dtype == "bfloat16")
     forward = torch.compile(model) if args.compile else model
 
-    def batch(step):
-        if args.write_debug:
-            step = 0  # the debug state overfits one fixed batch
-        start = (step * B * T) % (len(tokens) - B * T)
+    def rows(tokens, mask, start):
         chunk = tokens[start:start + B * T + 1]
         targets = torch.where(mask[start + 1:start + B * T + 1], chunk[1:], -1)
         return chunk[:-1].view(B, T).to(device), targets.view(B, T).to(device)
 
+    def batch(step):
+        start = 0 if args.write_debug else int(starts[step % len(starts)])  # the debug state overfits one batch
+        return rows(tokens, mask, start)
+
+    if args.log:
+        os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
+    log = open(args.log, "w") if args.log else None
+
+    def evaluate(step):
+        """The trainer's val loss: the mean over the counted targets of the first --val_batches val batches."""
+        val_tokens, val_mask, val_starts = val
+        count = len(val_starts) if args.val_batches < 0 else min(args.val_batches, len(val_starts))
+        loss_sum, counted = 0.0, 0
+        with torch.no_grad():
+            for start in val_starts[:count]:
+                inputs, targets = rows(val_tokens, val_mask, int(start))
+                with autocast:
+                    _, loss = forward(inputs, targets)
+                n = int((targets >= 0).sum())
+                if n:  # a batch with no counted target has a NaN mean
+                    loss_sum += loss.item() * n
+                    counted += n
+        val_loss = loss_sum / counted if counted else float("nan")
+        print(f"step {step} | val loss {val_loss:.6f} ({count} batches)", flush=True)
+        if log:
+            log.write(f"step {step} val_loss {val_loss:.6f}\n")
+            log.flush()
+
+    if val:
+        evaluate(0)
     step_losses, step_norms, times = [], [], []
     for step in range(args.steps):
         inputs, targets = batch(step)
@@ -515,7 +729,8 @@ def main():
         if step == 0 and args.write_debug:
             first = (inputs, targets, logits.detach().float(), loss.detach(),
                      [g.detach().clone() for g in model.grads_in_file_order()])
-        norm = clip_and_update(model, optimizer, args.grad_clip)
+        lr = lr_at(hp, step, args.steps)
+        norm = clip_and_update(model, optimizer, args.grad_clip, lr)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -524,6 +739,13 @@ def main():
         step_norms.append(norm.item())
         print(f"step {step + 1:4d}/{args.steps} | loss {loss.item():.6f} | norm {norm.item():.4f} | "
               f"{dt * 1000:.1f} ms | {B * T / dt:.0f} tok/s", flush=True)
+        if log:
+            log.write(f"step {step + 1} train_loss {loss.item():.6f} norm {norm.item():.4f} lr {lr:.4e} "
+                      f"ms {dt * 1000:.2f}\n")
+        if val and ((step + 1) % args.val_every == 0 or step + 1 == args.steps):
+            evaluate(step + 1)
+    if log:
+        log.close()
 
     if len(times) > 1:
         steady = sorted(times[min(3, len(times) - 1):])
@@ -539,8 +761,9 @@ def main():
             raise SystemExit("error: --write_debug needs --steps >= 1")
         inputs, targets, logits, loss, grads = first
         bf16_errors = None
-        if args.dtype == "float32":  # the reference is fp32: measure what bf16 autocast does to the same case
-            bf16_errors = bf16_autocast_errors(initial.to(device), inputs, targets, hp, args.steps, device,
+        if args.dtype == "float32":  # the reference is fp32: measure what bf16 autocast (or FP8) does to the same case
+            twin = use_fp8_emulation(initial, args.fp8_scaled_mm) if args.fp8 else initial
+            bf16_errors = bf16_autocast_errors(twin.to(device), inputs, targets, hp, args.steps, device,
                                                (logits, loss, grads, step_losses, step_norms))
         write_debug_state(args.write_debug, model, inputs, targets, logits, loss, grads, step_losses, step_norms, hp,
                           bf16_errors)

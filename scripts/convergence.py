@@ -1,0 +1,274 @@
+"""
+Convergence, side by side: the same model from the same initial weights, trained on the same tokens in the same
+order with the same hyperparameters, as
+  ours_bf16    train_llama3cu (BF16 build)
+  ours_fp8     train_llama3cu in its FP8 mode (--fp8_flag)
+  torch_bf16   scripts/train_llama3.py, bf16 autocast (fp32 master weights) + torch.compile
+  torchao_fp8  scripts/train_llama3.py, torchao float8 (tensorwise, lm_head bf16) + torch.compile, where installed
+  torch_fp8    scripts/train_llama3.py, PyTorch's emulation of our FP8 recipe (--fp8 --fp8_scaled_mm); on request
+then one PNG with every variant's train and val loss, a table of the final val losses, and the criteria:
+ours_fp8 within 0.5% of ours_bf16, and ours_bf16 within 0.5% of torch_bf16 (final val loss, relative). Exits 1 if a
+criterion fails or a run fails; a criterion whose variants did not both run is reported as not run.
+
+  python scripts/convergence.py --train "data/debian_docs/*_train_*.bin" --val "data/debian_docs/*_val_*.bin" \
+      --out runs/conv_d12
+  python scripts/convergence.py --train ... --val ... --config llama3.2-1B --depth 4 --steps 1000 --out runs/conv_1B
+
+Each variant writes <out>/<variant>/log.txt (the trainer's format: "step N train_loss X ...", "step N val_loss X");
+a variant whose log already holds the final val loss of a run of the same command (<out>/<variant>/cmd.txt) is not
+run again (--rerun runs it anyway), and the plot, the table and the criteria take in every variant whose log is
+complete for these settings: the variants can be run one command at a time (--variants). Use one --out per case:
+its init.bin is made once.
+
+The same start: scripts/train_llama3.py writes the initial weights once (<out>/init.bin, fp32, from --seed); ours
+reads them with -e, PyTorch with --model. The same tokens in the same order: ours reads with shuffling off (-f 0),
+one process, no gradient accumulation (-g B*T), so its batches are the shards in sorted name order, each one's
+(N - 1) // (B*T) batches of B*T+1 tokens front to back, then again (llmc/dataloader.h); train_llama3.py takes its
+batches in that order (batch_starts; dev/test/test_fp8_scripts.py checks it against the loader, token for token,
+over two epochs of three shards). Val: both evaluate the first --val_batches batches of the val shards, in the
+same order, at step 0, every --val_every steps and at the last step, as the mean over the counted targets. The lr
+schedule is the trainer's (llmc/schedule.h; train_llama3.py's lr_at), AdamW, weight decay on the matrices, the
+same grad clip.
+"""
+
+import argparse
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VARIANTS = ["ours_bf16", "ours_fp8", "torch_bf16", "torchao_fp8", "torch_fp8"]
+DEFAULT_VARIANTS = "ours_bf16,ours_fp8,torch_bf16,torchao_fp8"
+# per config: micro-batch, sequence length, peak lr, warmup steps (a flag given on the command line wins)
+PRESETS = {"d12": dict(batch_size=16, seq_len=1024, lr=6e-4, warmup=100),
+           "llama3.2-1B": dict(batch_size=8, seq_len=2048, lr=3e-4, warmup=50)}
+# (variant, reference, tolerance): |final val loss of variant / reference's - 1| <= tolerance
+CRITERIA = [("ours_fp8", "ours_bf16", 0.005), ("ours_bf16", "torch_bf16", 0.005)]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--train", required=True, help="train token shard glob")
+    parser.add_argument("--val", required=True, help="val token shard glob")
+    parser.add_argument("--out", default="runs/convergence", help="logs, the initial weights and the plot")
+    parser.add_argument("--config", default="d12", help="d12, llama3.2-1B, ... (scripts/train_llama3.py)")
+    parser.add_argument("--depth", type=int, default=0, help="keep only the first N layers (0: all)")
+    parser.add_argument("--seed", type=int, default=1337, help="of the initial weights")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch_size", "-B", type=int, default=None, help="default: the config's preset, else 16")
+    parser.add_argument("--seq_len", "-T", type=int, default=None, help="default: the config's preset, else 1024")
+    parser.add_argument("--lr", type=float, default=None, help="peak lr; default: the config's preset, else 6e-4")
+    parser.add_argument("--warmup", type=int, default=None, help="default: the config's preset, else 100")
+    parser.add_argument("--schedule", default="cosine", choices=["cosine", "linear", "constant", "wsd"])
+    parser.add_argument("--final_fraction", type=float, default=0.1, help="final lr as a fraction of the peak")
+    parser.add_argument("--weight_decay", type=float, default=0.1)
+    parser.add_argument("--grad_clip", type=float, default=1.0)
+    parser.add_argument("--val_every", type=int, default=100)
+    parser.add_argument("--val_batches", type=int, default=20, help="val batches per evaluation, -1 all")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"a comma list of {', '.join(VARIANTS)}")
+    parser.add_argument("--rerun", action="store_true", help="run variants whose log is complete again")
+    parser.add_argument("--binary", default=os.path.join(ROOT, "train_llama3cu"))
+    parser.add_argument("--fp8_flag", default="-M fp8", help="the trainer's flags for its FP8 mode")
+    parser.add_argument("--compile", type=int, default=1, help="torch.compile for the PyTorch variants")
+    parser.add_argument("--device", default="cuda", help="of the PyTorch variants")
+    parser.add_argument("--smooth", type=int, default=50, help="train loss plotted as a running mean of N steps")
+    parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
+    args = parser.parse_args(argv)
+    preset = PRESETS.get(args.config, PRESETS["d12"])
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.variants = args.variants.split(",")
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
+    if min(args.steps, args.batch_size, args.seq_len, args.val_every, args.smooth) < 1 or args.warmup < 0:
+        parser.error("--steps, -B, -T, --val_every and --smooth must be >= 1, --warmup >= 0")
+    if not args.fp8_flag.split():
+        parser.error("--fp8_flag is empty")
+    return args
+
+
+def commands(args, init):
+    """{variant: (command, log path)} for every variant."""
+    B, T = args.batch_size, args.seq_len
+    ours = [args.binary, "-e", init, "-i", args.train, "-j", args.val, "-f", "0", "-b", B, "-t", T, "-g", B * T,
+            "-x", args.steps, "-l", args.lr, "-k", args.schedule, "-u", args.warmup, "-q", args.final_fraction,
+            "-w", args.weight_decay, "-G", args.grad_clip, "-v", args.val_every, "-m", args.val_batches, "-n", 0]
+    pytorch = [sys.executable, os.path.join(ROOT, "scripts", "train_llama3.py"), "--model", init, "--input_bin",
+               args.train, "--val_bin", args.val, "-B", B, "-T", T, "--steps", args.steps, "--lr", args.lr,
+               "--schedule", args.schedule, "--warmup", args.warmup, "--final_fraction", args.final_fraction,
+               "--weight_decay", args.weight_decay, "--grad_clip", args.grad_clip, "--val_every", args.val_every,
+               "--val_batches", args.val_batches, "--dtype", "bfloat16", "--compile", args.compile,
+               "--device", args.device]
+    extra = {"ours_bf16": [], "ours_fp8": args.fp8_flag.split(), "torch_bf16": [], "torchao_fp8": ["--torchao_float8"],
+             "torch_fp8": ["--fp8", "--fp8_scaled_mm"]}
+    out = {}
+    for variant in VARIANTS:
+        folder = os.path.join(args.out, variant)
+        log = os.path.join(folder, "log.txt")
+        cmd = ours + ["-o", folder] if variant.startswith("ours") else pytorch + ["--log", log]
+        out[variant] = ([str(c) for c in cmd + extra[variant]], log)
+    return out
+
+
+def read_log(path):
+    """(train, val): lists of (step, loss) from a log.txt; empty where the file does not exist."""
+    train, val = [], []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 4 and parts[0] == "step" and parts[2] in ("train_loss", "val_loss"):
+                    (train if parts[2] == "train_loss" else val).append((int(parts[1]), float(parts[3])))
+    return train, val
+
+
+def final_val(path, steps):
+    """The val loss at the last step, or None where the log does not reach it."""
+    return next((loss for step, loss in read_log(path)[1] if step == steps), None)
+
+
+def complete(cmd, log, steps):
+    """Whether log.txt holds the final val loss of a run of this very command (cmd.txt beside it)."""
+    cmd_file = os.path.join(os.path.dirname(log), "cmd.txt")
+    if not os.path.exists(cmd_file) or final_val(log, steps) is None:
+        return False
+    with open(cmd_file) as f:
+        return f.read() == shlex.join(cmd) + "\n"
+
+
+def evaluate(finals):
+    """finals: {variant: final val loss or None}. Returns [(variant, reference, tolerance, relative difference or
+    None when either did not run, passed)]."""
+    results = []
+    for variant, reference, tolerance in CRITERIA:
+        got, ref = finals.get(variant), finals.get(reference)
+        if got is None or ref is None:
+            results.append((variant, reference, tolerance, None, True))
+        else:
+            rel = got / ref - 1.0
+            results.append((variant, reference, tolerance, rel, abs(rel) <= tolerance))
+    return results
+
+
+def plot(args, logs, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_train, ax_val, ax_rel) = plt.subplots(1, 3, figsize=(20, 5))
+    vals = {variant: dict(read_log(log)[1]) for variant, log in logs.items()}
+    reference = next((v for v in ("ours_bf16", "torch_bf16") if vals.get(v)), None)
+    for variant, log in logs.items():
+        train = read_log(log)[0]
+        if train:
+            steps, losses = zip(*train)
+            first = lambda i: max(0, i - args.smooth + 1)
+            running = [sum(losses[first(i):i + 1]) / (i + 1 - first(i)) for i in range(len(losses))]
+            ax_train.plot(steps, running, label=variant, alpha=0.85)
+        if vals[variant]:
+            ax_val.plot(*zip(*sorted(vals[variant].items())), "o-", markersize=3, label=variant)
+        if reference and vals[variant]:
+            common = sorted(set(vals[variant]) & set(vals[reference]))
+            ax_rel.plot(common, [100 * (vals[variant][s] / vals[reference][s] - 1) for s in common], "o-",
+                        markersize=3, label=variant)
+    depth = f" depth {args.depth}" if args.depth else ""
+    ax_train.set_title(f"train loss (running mean of {args.smooth} steps)")
+    ax_val.set_title(f"val loss ({args.val_batches} batches)")
+    ax_rel.set_title(f"val loss against {reference} (%)")
+    for ax, label in ((ax_train, "loss"), (ax_val, "loss"), (ax_rel, "relative difference (%)")):
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
+    fig.suptitle(f"{args.config}{depth}, B={args.batch_size} T={args.seq_len}, {args.steps} steps, lr {args.lr:g} "
+                 f"{args.schedule}, warmup {args.warmup}")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def run_variant(variant, cmd, log):
+    folder = os.path.dirname(log)
+    os.makedirs(folder, exist_ok=True)
+    if os.path.exists(log):
+        os.remove(log)  # a new run: no lines of an earlier one
+    with open(os.path.join(folder, "cmd.txt"), "w") as f:
+        f.write(shlex.join(cmd) + "\n")
+    print(f"[{variant}] $ {shlex.join(cmd)}", flush=True)
+    with open(os.path.join(folder, "stdout.txt"), "w") as out:
+        try:
+            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
+        except OSError as e:  # no such program
+            out.write(f"{e}\n")
+            rc = 127
+    if rc != 0:
+        with open(os.path.join(folder, "stdout.txt")) as f:
+            print(f.read()[-3000:])
+        print(f"[{variant}] failed (exit code {rc}): {os.path.join(folder, 'stdout.txt')}")
+    return rc == 0
+
+
+def main():
+    args = parse_args()
+    init = os.path.join(args.out, "init.bin")
+    init_cmd = [sys.executable, os.path.join(ROOT, "scripts", "train_llama3.py"), "--config", args.config,
+                "--depth", str(args.depth), "--seed", str(args.seed), "--steps", "0", "--device", "cpu",
+                "--write_model", init]
+    plan = commands(args, init)
+    if args.dry_run:
+        print(f"$ {shlex.join(init_cmd)}")
+        for variant in args.variants:
+            print(f"[{variant}] $ {shlex.join(plan[variant][0])}")
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    have_torchao = importlib.util.find_spec("torchao") is not None
+    failed, notes = [], {}
+    for variant in args.variants:
+        cmd, log = plan[variant]
+        if complete(cmd, log, args.steps) and not args.rerun:
+            notes[variant] = "(log complete: not run again)"
+            continue
+        if variant == "torchao_fp8" and not have_torchao:
+            notes[variant] = "torchao not installed"
+            continue
+        if not os.path.exists(init):
+            print(f"$ {shlex.join(init_cmd)}", flush=True)
+            if subprocess.run(init_cmd).returncode != 0:
+                print("error: could not write the initial weights")
+                return 1
+        if not run_variant(variant, cmd, log):
+            failed.append(variant)
+            notes[variant] = "run failed"
+
+    # the report: the variants asked for, and those whose logs are complete for these settings (earlier commands)
+    logs = {v: log for v, (cmd, log) in plan.items() if v in args.variants or complete(cmd, log, args.steps)}
+    finals = {variant: final_val(log, args.steps) for variant, log in logs.items()}
+    png = os.path.join(args.out, "convergence.png")
+    plot(args, logs, png)
+    print(f"\nwrote {png}")
+    print(f"\n{'variant':<12} {'final val':>10} {'vs ours_bf16':>12} {'vs torch_bf16':>13}")
+    for variant, loss in finals.items():
+        if loss is None:
+            print(f"{variant:<12} {'-':>10} {notes.get(variant, 'no final val loss in ' + logs[variant])}")
+            continue
+        rel = lambda ref: f"{100 * (loss / finals[ref] - 1):+.2f}%" if finals.get(ref) else "-"
+        print(f"{variant:<12} {loss:>10.4f} {rel('ours_bf16'):>12} {rel('torch_bf16'):>13} {notes.get(variant, '')}")
+    print()
+    ok = not failed
+    for variant, reference, tolerance, rel, passed in evaluate(finals):
+        what = f"{variant} within {100 * tolerance:.1f}% of {reference}"
+        if rel is None:
+            print(f"{what}: not run")
+        else:
+            print(f"{what}: {100 * rel:+.3f}% {'PASS' if passed else 'FAIL'}")
+        ok = ok and passed
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
