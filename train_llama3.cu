@@ -8,6 +8,8 @@
 // floatX (llmc/cuda_common.h) is the type of parameters, activations and gradients: bf16, or fp32 for the exact
 // tie-out build. The optimizer keeps fp32 m, v and (in bf16 builds) fp32 master weights. Parameters and
 // gradients are each one flat buffer in checkpoint order (llmc/model.h), viewed through ParamTensors.
+// With -M fp8 (bf16 builds, Ada or Hopper) the four products of each layer (wqkv, wo, w13, w2) run on FP8 tensor
+// cores instead, forward and backward (llmc/matmul_fp8.cuh); the rest stays as it is.
 //
 // Several GPUs (mpirun -np N ./train_llama3cu ...): data parallel, one process per GPU, each rank a part of every
 // batch; gradients are summed over the ranks while the backward runs, and with -Z 1 or 2 each rank keeps only its
@@ -41,6 +43,7 @@
 #include "llmc/attention.cuh"
 #include "llmc/matmul.cuh"
 #include "llmc/matmul_swiglu.cuh"
+#include "llmc/matmul_fp8.cuh"
 #include "llmc/fused_classifier.cuh"
 #include "llmc/global_norm.cuh"
 #include "llmc/adamw.cuh"
@@ -79,6 +82,10 @@ struct Activations {
     DeviceBuffer<float> rmsnorm_scratch, attention_delta, norm_partials, norm_value;
     DeviceBuffer<int> inputs, targets;
 };
+
+// With -M fp8 a layer's four products each have an amax slot in the FP8 scratch (Fp8LinearScratch), layer by layer
+// in this order: the forward writes its operands' amax there, the backward reads them.
+enum Fp8Product { FP8_QKV, FP8_WO, FP8_W13, FP8_W2, FP8_PRODUCTS };
 
 // ----------------------------------------------------------------------------------------------------------------
 // The optimizer: AdamW (llmc/adamw.cuh) and its state for `count` elements in flat parameter order: the whole model,
@@ -249,6 +256,8 @@ struct Llama3 {
     std::vector<cudaEvent_t> params_gathered;
     bool gather_pending = false;
     int recompute = 0;                 // activation recomputation level: 0 none, 1 norms + swiglu, 2 also w13
+    bool fp8_mode = false;             // -M fp8: the layers' products in FP8, with their scratch
+    Fp8LinearScratch fp8_scratch;
     DeviceBuffer<float> rope_table;    // (max_seq_len, hd/2, 2) {cos, sin}
     Activations acts;
     EmbeddingBackwardPlan embedding_plan;
@@ -414,7 +423,17 @@ struct Llama3 {
         }
         host_losses = PinnedBuffer<float>((size_t)loss_slots * N);
         host_norm = PinnedBuffer<float>(1);
+        if (fp8_mode) {
+            fp8_scratch.allocate(N, std::max({C, attn, F}), std::max({QKV, C, 2 * F}),
+                                 std::max({QKV * C, C * attn, 2 * F * C, C * F}), (int)L * FP8_PRODUCTS);
+        }
     }
+
+    // Whether a forward (and its backward) on N tokens runs the layers' products in FP8: with -M fp8, every
+    // training and eval batch (B * T a multiple of 16, checked at the start); the sampler's forwards, of any length,
+    // run them in bf16 when the length is not a multiple of 16, which FP8 products need.
+    bool fp8_products(int N) const { return fp8_mode && N % 16 == 0; }
+    static int fp8_slot(int l, Fp8Product product) { return l * FP8_PRODUCTS + product; }
 
     // Layer l's slice of a per-layer activation, or the single slice a recomputed buffer holds.
     template <typename T>
@@ -432,6 +451,8 @@ struct Llama3 {
         ParamTensors<floatX> p = point_params(params.ptr, c);
         Activations& a = acts;
         Profiler& prof = profiler;
+        const bool fp8 = fp8_products(N);
+        Fp8LinearScratch& f8 = fp8_scratch;
         host_inputs.assign(inputs, inputs + N);
         int* staged = host_batch.ptr + (size_t)upload_slot * 2 * B * T;
         cudaCheck(cudaEventSynchronize(batch_uploaded[upload_slot]));  // the copy from this slot two calls ago
@@ -461,10 +482,15 @@ struct Llama3 {
             floatX* ln2 = layer_slice(a.ln2, l, NC);
             floatX* h13 = layer_slice(a.h13, l, (size_t)N * 2 * F);
             floatX* hact = layer_slice(a.hact, l, (size_t)N * F);
+            const floatX* wqkv = p.wqkv + (size_t)l * QKV * C;
+            const floatX* wo = p.wo + (size_t)l * C * H * hd;
+            const floatX* w13 = p.w13 + (size_t)l * 2 * F * C;
+            const floatX* w2 = p.w2 + (size_t)l * C * F;
             wait_params_gathered(l + 1);
             {
                 ProfileScope region(prof, "fwd qkv matmul");
-                matmul_forward(qkv, ln1, p.wqkv + (size_t)l * QKV * C, N, C, QKV, stream);
+                if (fp8) fp8_linear_forward(qkv, ln1, wqkv, N, C, QKV, fp8_slot(l, FP8_QKV), f8, stream);
+                else matmul_forward(qkv, ln1, wqkv, N, C, QKV, stream);
             }
             {
                 ProfileScope region(prof, "fwd rope");
@@ -476,17 +502,24 @@ struct Llama3 {
             }
             {  // the attention projection, then mid = x + it, normalised for the MLP
                 ProfileScope region(prof, "fwd wo matmul + norm");
-                matmul_forward(a.branch_out.ptr, atty, p.wo + (size_t)l * C * H * hd, N, H * hd, C, stream);
+                if (fp8) fp8_linear_forward(a.branch_out.ptr, atty, wo, N, H * hd, C, fp8_slot(l, FP8_WO), f8, stream);
+                else matmul_forward(a.branch_out.ptr, atty, wo, N, H * hd, C, stream);
                 fused_residual_rmsnorm_forward(mid, ln2, a.rstd2.ptr + (size_t)l * N, x, a.branch_out.ptr,
                                                p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
             }
             {
                 ProfileScope region(prof, "fwd w13 matmul + swiglu");
-                matmul_swiglu_forward(h13, hact, ln2, p.w13 + (size_t)l * 2 * F * C, N, F, C, stream);
+                if (fp8) {  // the product, then the SwiGLU pass (the fused kernel's products are bf16)
+                    fp8_linear_forward(h13, ln2, w13, N, C, 2 * F, fp8_slot(l, FP8_W13), f8, stream);
+                    swiglu_forward(hact, h13, N, F, stream);
+                } else {
+                    matmul_swiglu_forward(h13, hact, ln2, w13, N, F, C, stream);
+                }
             }
             {  // x_{l+1} = mid + mlp, added in the kernel that normalises it for the next layer (or the head)
                 ProfileScope region(prof, "fwd w2 matmul + norm");
-                matmul_forward(a.branch_out.ptr, hact, p.w2 + (size_t)l * C * F, N, F, C, stream);
+                if (fp8) fp8_linear_forward(a.branch_out.ptr, hact, w2, N, F, C, fp8_slot(l, FP8_W2), f8, stream);
+                else matmul_forward(a.branch_out.ptr, hact, w2, N, F, C, stream);
                 floatX* x_next = a.residual.ptr + (l + 1) * NC;
                 if (l + 1 < L) {
                     fused_residual_rmsnorm_forward(x_next, layer_slice(a.ln1, l + 1, NC),
@@ -561,6 +594,8 @@ struct Llama3 {
         floatX* dnorm = a.branch_out.ptr;  // the gradient of each norm's output in turn, from the matmul before it
         Profiler& prof = profiler;
         bool add = !overwrite_grads;  // to the gradients, or over them (the step's first micro-batch)
+        const bool fp8 = fp8_products(N);  // as the forward ran them: its amax slots are read here
+        Fp8LinearScratch& f8 = fp8_scratch;
         {
             ProfileScope region(prof, "bwd final norm");
             cudaCheck(cudaMemsetAsync(a.dresidual.ptr, 0, NC * sizeof(floatX), stream));
@@ -580,38 +615,54 @@ struct Llama3 {
             floatX* qkv = a.qkv.ptr + (size_t)l * N * QKV;
             float* rstd1 = a.rstd1.ptr + (size_t)l * N;
             float* rstd2 = a.rstd2.ptr + (size_t)l * N;
+            const floatX* wqkv = p.wqkv + (size_t)l * QKV * C;
+            const floatX* wo = p.wo + (size_t)l * C * H * hd;
+            const floatX* w13 = p.w13 + (size_t)l * 2 * F * C;
+            const floatX* w2 = p.w2 + (size_t)l * C * F;
             // Recomputation: bit-identical to the forward's values (the same kernels, or the norm's backward with the
             // forward's expression and rstd, on the same inputs). ln1, and ln2 at level 1, are written by the norms'
             // backward, between the input-gradient and the weight-gradient matmuls; at level 2 the w13 product must
-            // be recomputed before the w2 backward, and it needs ln2 first.
+            // be recomputed before the w2 backward, and it needs ln2 first. In FP8 the recomputed inputs are cast as
+            // the forward cast them (the same values, hence the same amax and scales).
             if (recompute >= 2) {
                 ProfileScope region(prof, "bwd recompute");
                 rmsnorm_forward(ln2, rstd2, mid, p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
-                matmul_forward(h13, ln2, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, stream);
+                if (fp8) fp8_linear_forward(h13, ln2, w13, N, C, 2 * F, fp8_slot(l, FP8_W13), f8, stream);
+                else matmul_forward(h13, ln2, w13, N, C, 2 * F, stream);
             }
             // the MLP branch: dresidual is the gradient of its output. The w2 weight gradient comes after the swiglu
             // backward, which also recomputes hact (at recompute level 1 and up) from its one pass over h13.
             {
                 ProfileScope region(prof, "bwd w2 matmul + swiglu");
-                matmul_swiglu_backward(a.dh13, recompute >= 1 ? hact : nullptr, a.dhact, a.dresidual.ptr,
-                                       p.w2 + (size_t)l * C * F, h13, N, F, C, stream);
-                matmul_backward(nullptr, g.w2, a.dresidual.ptr, hact, p.w2 + (size_t)l * C * F, N, F, C, add,
-                                stream);
+                if (fp8) {  // as matmul_swiglu_backward without the fused kernel: the product into dhact, then SwiGLU
+                    fp8_linear_backward_input(a.dhact, a.dresidual.ptr, w2, N, F, C, fp8_slot(l, FP8_W2), f8, stream);
+                    swiglu_backward(a.dh13, recompute >= 1 ? hact : nullptr, a.dhact, h13, N, F, stream);
+                    fp8_linear_backward_weight(g.w2, hact, N, F, C, fp8_slot(l, FP8_W2), add, f8, stream);
+                } else {
+                    matmul_swiglu_backward(a.dh13, recompute >= 1 ? hact : nullptr, a.dhact, a.dresidual.ptr, w2, h13,
+                                           N, F, C, stream);
+                    matmul_backward(nullptr, g.w2, a.dresidual.ptr, hact, w2, N, F, C, add, stream);
+                }
             }
             {
                 ProfileScope region(prof, "bwd w13 matmul + norm");
-                matmul_backward(dnorm, nullptr, a.dh13, nullptr, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, add,
-                                stream);
+                if (fp8) fp8_linear_backward_input(dnorm, a.dh13, w13, N, C, 2 * F, fp8_slot(l, FP8_W13), f8, stream);
+                else matmul_backward(dnorm, nullptr, a.dh13, nullptr, w13, N, C, 2 * F, add, stream);
                 rmsnorm_backward(a.dresidual.ptr, g.ffn_norm, a.rmsnorm_scratch.ptr, recompute == 1 ? ln2 : nullptr,
                                  dnorm, mid, p.ffn_norm + (size_t)l * C, rstd2, N, C, add, stream);
-                matmul_backward(nullptr, g.w13, a.dh13, ln2, p.w13 + (size_t)l * 2 * F * C, N, C, 2 * F, add,
-                                stream);
+                if (fp8) fp8_linear_backward_weight(g.w13, ln2, N, C, 2 * F, fp8_slot(l, FP8_W13), add, f8, stream);
+                else matmul_backward(nullptr, g.w13, a.dh13, ln2, w13, N, C, 2 * F, add, stream);
             }
             // the attention branch
             {
                 ProfileScope region(prof, "bwd wo matmul");
-                matmul_backward(a.datty, g.wo, a.dresidual.ptr, atty, p.wo + (size_t)l * C * H * hd, N, H * hd, C,
-                                add, stream);
+                if (fp8) {
+                    fp8_linear_backward_input(a.datty, a.dresidual.ptr, wo, N, H * hd, C, fp8_slot(l, FP8_WO), f8,
+                                              stream);
+                    fp8_linear_backward_weight(g.wo, atty, N, H * hd, C, fp8_slot(l, FP8_WO), add, f8, stream);
+                } else {
+                    matmul_backward(a.datty, g.wo, a.dresidual.ptr, atty, wo, N, H * hd, C, add, stream);
+                }
             }
             {  // RoPE's backward inside (on Hopper, as the kernels store dq, dk)
                 ProfileScope region(prof, "bwd attention + rope");
@@ -620,10 +671,12 @@ struct Llama3 {
             }
             {
                 ProfileScope region(prof, "bwd qkv matmul + norm");
-                matmul_backward(dnorm, nullptr, a.dqkv, nullptr, p.wqkv + (size_t)l * QKV * C, N, C, QKV, add, stream);
+                if (fp8) fp8_linear_backward_input(dnorm, a.dqkv, wqkv, N, C, QKV, fp8_slot(l, FP8_QKV), f8, stream);
+                else matmul_backward(dnorm, nullptr, a.dqkv, nullptr, wqkv, N, C, QKV, add, stream);
                 rmsnorm_backward(a.dresidual.ptr, g.attn_norm, a.rmsnorm_scratch.ptr, recompute >= 1 ? ln1 : nullptr,
                                  dnorm, x, p.attn_norm + (size_t)l * C, rstd1, N, C, add, stream);
-                matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, p.wqkv + (size_t)l * QKV * C, N, C, QKV, add, stream);
+                if (fp8) fp8_linear_backward_weight(g.wqkv, ln1, N, C, QKV, fp8_slot(l, FP8_QKV), add, f8, stream);
+                else matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, wqkv, N, C, QKV, add, stream);
             }
             if (reduce) grads.layer_done(l, accumulate, stream);
         }
@@ -846,6 +899,7 @@ struct Options {
     float peak_tflops = 0.0f;  // 0: from the GPU's name
     int recompute = 1, master_weights = 1, profile = 0;
     const char* optimizer_state = "fp32";
+    const char* matmul_precision = "bf16";  // of the layers' products: bf16 or fp8
     int zero_stage = 1, overlap_reduction = 1, collective_timeout = 600;
 };
 
@@ -896,6 +950,9 @@ static void usage(const Options& d) {
     printf("  -W <0|1>    fp32 master weights in bf16 builds (default %d; 0: bf16 params with stochastic rounding)\n",
            d.master_weights);
     printf("  -O <type>   AdamW m and v in fp32 or bf16 (stochastic rounding) (default %s)\n", d.optimizer_state);
+    printf("  -M <type>   precision of the layers' matmuls (wqkv, wo, w13, w2): bf16, or fp8 on FP8 tensor cores\n"
+           "              (e4m3 forward, e5m2 gradients, per-tensor scales; BF16 build, Ada or Hopper) (default %s)\n",
+           d.matmul_precision);
     printf("  -p <0|1>    profile: time each region of the step with CUDA events, print a table (default %d)\n",
            d.profile);
     printf("Several GPUs (mpirun -np N ./train_llama3cu ...: one process per GPU, -b is per GPU):\n");
@@ -1004,6 +1061,12 @@ static Options parse_options(int argc, char** argv) {
             case 'O':
                 if (strcmp(val, "fp32") != 0 && strcmp(val, "bf16") != 0) bad_flag(flag, val, "not fp32 or bf16");
                 o.optimizer_state = val;
+                break;
+            case 'M':
+                if (strcmp(val, "bf16") != 0 && strcmp(val, "fp8") != 0) bad_flag(flag, val, "not bf16 or fp8");
+                if (strcmp(val, "fp8") == 0 && sizeof(floatX) != 2)
+                    bad_flag(flag, val, "FP8 matmuls need the BF16 build (this build: fp32; make PRECISION=BF16)");
+                o.matmul_precision = val;
                 break;
             default:
                 fprintf(stderr, "Error: unknown flag %s (see -h)\n", flag);
@@ -1246,6 +1309,11 @@ int main(int argc, char** argv) {
     exit_if_error(plan_batch(opt.B, opt.T, opt.total_batch, num_ranks, config.n_heads, &batch));
     long total_batch = batch.tokens_per_step;
     int grad_accum = batch.grad_accum;
+    const bool fp8 = strcmp(opt.matmul_precision, "fp8") == 0;
+    if (fp8) {
+        exit_if_error(fp8_shapes(batch.tokens_per_micro, config.dim, config.qkv_dim(),
+                                 config.n_heads * config.head_dim(), config.ffn_hidden));
+    }
     bool have_tokenizer = opt.tokenizer_path[0] != '\0';
     check_flag_combinations(opt, have_tokenizer);
 
@@ -1294,6 +1362,12 @@ int main(int argc, char** argv) {
     multi_gpu_init_nccl();
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, mg.local_rank));
+    if (fp8 && prop.major * 10 + prop.minor < 89) {
+        fprintf(stderr, "Error: [rank %d] -M fp8 needs FP8 tensor cores (compute capability 8.9 or later: Ada, "
+                        "Hopper), but GPU %d (%s) has compute capability %d.%d; use -M bf16\n", mg.rank, mg.local_rank,
+                prop.name, prop.major, prop.minor);
+        fail_exit();
+    }
     cudaCheck(cudaFree(nullptr));  // create the context, so the baseline below excludes it
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -1307,6 +1381,7 @@ int main(int argc, char** argv) {
     model.grads.stage = zero_stage;
     model.grads.overlap = opt.overlap_reduction != 0;
     model.recompute = opt.recompute;
+    model.fp8_mode = fp8;
     model.profiler.timing = opt.profile != 0;
     model.profiler.stream = model.stream;
     matmul_init(model.stream);
@@ -1341,7 +1416,7 @@ int main(int argc, char** argv) {
     double peak_all = peak * mg.world;  // MFU: of all the GPUs together
 
     printf("device: %d x %s | precision %s | peak %.0f TFLOP/s per GPU for MFU\n", mg.world, prop.name,
-           PRECISION_NAME, peak);
+           fp8 ? PRECISION_NAME ", layers' matmuls fp8 (-M fp8)" : PRECISION_NAME, peak);
     printf("model: V=%d C=%d L=%d H=%d KV=%d F=%d max_seq_len=%d tied=%d rope_scaling=%d | %.1fM parameters\n",
            c.vocab_size, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.ffn_hidden, c.max_seq_len, c.tied_embeddings,
            c.use_rope_scaling, model.num_params / 1e6);
@@ -1355,9 +1430,11 @@ int main(int argc, char** argv) {
                                    : "not overlapped (-Q 0)");
     }
     printf("flops/token %.3e (6 x matmul weights + 6 L H hd T causal attention)\n", model.flops_per_token(opt.T));
-    printf("memory: recompute level %d, master weights %s, AdamW state %s; mem = device memory in use beyond the CUDA "
-           "context\n", model.recompute, model.optimizer.master.ptr ? "fp32" : "none",
-           model.optimizer.bf16_state ? "bf16" : "fp32");
+    char fp8_memory[64] = "";
+    if (fp8) snprintf(fp8_memory, sizeof(fp8_memory), ", FP8 scratch %.1f MiB", model.fp8_scratch.bytes() / 1048576.0);
+    printf("memory: recompute level %d, master weights %s, AdamW state %s%s; mem = device memory in use beyond the "
+           "CUDA context\n", model.recompute, model.optimizer.master.ptr ? "fp32" : "none",
+           model.optimizer.bf16_state ? "bf16" : "fp32", fp8_memory);
 
     LogFile log;  // rank 0 alone writes in the run directory; every rank writes its state files
     if (!out_dir.empty() && mg.rank == 0) {

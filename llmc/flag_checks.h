@@ -5,6 +5,7 @@
 //
 //   BatchPlan plan; std::string err = plan_batch(B, T, total_batch, num_ranks, n_heads, &plan);
 //   err = plan_steps(max_steps_flag, batches_per_epoch, plan.grad_accum, start_step, warmup, &max_steps);
+//   err = fp8_shapes(plan.tokens_per_micro, dim, qkv_dim, n_heads * head_dim, ffn_hidden);   // with -M fp8
 #pragma once
 
 #include <climits>
@@ -84,5 +85,23 @@ inline std::string plan_steps(int64_t max_steps_flag, int64_t batches_per_epoch,
         return buf;
     }
     *max_steps = (int)steps;
+    return "";
+}
+
+// -M fp8 runs the layers' products on FP8 tensor cores through cuBLASLt, which needs every dimension of them a
+// multiple of 16 (llmc/matmul_fp8.cuh): the tokens of a micro-batch (B * T) and the model's widths C, QKV, H hd
+// and F (of the products wqkv C -> QKV, wo H hd -> C, w13 C -> 2F, w2 F -> C).
+inline std::string fp8_shapes(int64_t tokens, int dim, int qkv, int attn, int ffn) {
+    const char* names[] = {"tokens per micro-batch -b x -t", "dim C", "QKV width (H + 2 KV) hd", "attention width H hd",
+                           "ffn_hidden F"};
+    const int64_t values[] = {tokens, dim, qkv, attn, ffn};
+    for (int i = 0; i < 5; i++) {
+        if (values[i] % 16 == 0) continue;
+        char buf[320];
+        snprintf(buf, sizeof(buf), "-M fp8 runs the layers' matmuls on FP8 tensor cores, which need each dimension a "
+                 "multiple of 16, but the %s is %lld (C=%d QKV=%d H hd=%d F=%d, -b x -t = %lld); use -M bf16",
+                 names[i], (long long)values[i], dim, qkv, attn, ffn, (long long)tokens);
+        return buf;
+    }
     return "";
 }

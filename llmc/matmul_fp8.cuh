@@ -10,9 +10,10 @@
 //   forward   out  = inp W^T    inp    (T, C)  e4m3   W     (OC, C) e4m3   T    OC   C    inp, W as stored
 //   dinp      dinp = dout W     dout   (T, OC) e5m2   W^T   (C, OC) e4m3   T    C    OC   W transposed
 //   dweight   dW   = dout^T inp dout^T (OC, T) e5m2   inp^T (C, T)  e4m3   OC   C    T    dout, inp transposed
-// So each layer needs W's e4m3 copy and its transpose (made once per step: the weights change only at the update),
-// inp's copy and transpose, and dout's copy and transpose: fp8_cast_transpose writes a copy and its transpose in one
-// pass. Gradients may be e4m3 too (any pair but e5m2 x e5m2).
+// So each layer needs W's e4m3 copy and its transpose, inp's copy and transpose, and dout's copy and transpose:
+// fp8_cast_transpose writes a copy and its transpose in one pass. Gradients may be e4m3 too (any pair but e5m2 x
+// e5m2). fp8_linear_forward / fp8_linear_backward_input / fp8_linear_backward_weight (the end of this file) are the
+// three products with their casts, as the trainer runs them.
 //
 // cuBLASLt facts this relies on (cuBLAS docs, cublasLtMatmul, the FP8 requirements; cublasLt.h):
 //   * With FP8 inputs D = alpha * scale_A * scale_B * op(A) op(B) + beta * C for a bf16 / fp32 D (scale_C, scale_D
@@ -41,6 +42,7 @@
 
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "fp8.cuh"
@@ -157,4 +159,88 @@ inline void matmul_fp8(floatX* out, const __nv_fp8_storage_t* a, __nv_fp8_interp
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_d));
     cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+
+// ------------------------------------------------------------------------------------------------ linear layers
+// The trainer's linear layers in FP8 (-M fp8): each of a layer's products (table at the top) casts its operands
+// just before it runs, with current per-tensor scaling: the amax of the tensor being cast, then the cast with the
+// scale computed on the device from that amax (llmc/fp8.cuh). Forward operands e4m3, the output gradient e5m2,
+// fp32 accumulation, floatX outputs into the buffers the bf16 products write. Nothing outlives a step but the
+// weights themselves, so a checkpoint holds the same state in either mode and a resumed run is bit-exact.
+//
+// The copies live in one scratch, sized for the largest product and reused by every layer:
+//   operand  rows x max(in, out) bytes: the input's e4m3 copy (forward), then in the backward the output gradient's
+//            e5m2 copy (input gradient), then the input's transposed e4m3 copy (weight gradient)
+//   grad_t   rows x max out bytes: the output gradient's transposed e5m2 copy, from the input gradient to the weight's
+//   weight   the largest weight: its e4m3 copy (forward) or transposed copy (input gradient)
+//   the inverse scales of the three, each 16 bytes apart (cuBLASLt's scale pointers), and the gradient's amax
+//   amax     two floats per product: its input's and its weight's amax, written by the forward, read by the
+//            backward (the same tensors then: the weights change only at the update, the inputs are kept or
+//            recomputed bit for bit), so the backward takes no amax of them
+// The weights are cast per product, not once per step: an e4m3 copy and a transposed copy of every layer weight
+// would hold as many bytes as the bf16 weights themselves, where the scratch holds one weight's; the price is
+// three reads of each weight per micro-batch (amax and cast in the forward, the transposed cast in the backward).
+struct Fp8LinearScratch {
+    DeviceBuffer<__nv_fp8_storage_t> memory;
+    DeviceBuffer<float> scales;  // inv_operand, inv_grad, inv_weight, grad_amax: 16 bytes apart
+    DeviceBuffer<float> amax;    // (products, 2): input, weight
+    __nv_fp8_storage_t *operand = nullptr, *grad_t = nullptr, *weight = nullptr;
+    float *inv_operand = nullptr, *inv_grad = nullptr, *inv_weight = nullptr, *grad_amax = nullptr;
+
+    // For products of up to `rows` rows, max_in input and max_out output features, max_weight weight elements;
+    // `products` amax slots.
+    void allocate(size_t rows, size_t max_in, size_t max_out, size_t max_weight, int products) {
+        auto aligned = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+        const size_t operand_bytes = aligned(rows * std::max(max_in, max_out)), grad_t_bytes = aligned(rows * max_out);
+        memory = DeviceBuffer<__nv_fp8_storage_t>(operand_bytes + grad_t_bytes + aligned(max_weight));
+        operand = memory.ptr;
+        grad_t = operand + operand_bytes;
+        weight = grad_t + grad_t_bytes;
+        scales = DeviceBuffer<float>(16);
+        inv_operand = scales.ptr;
+        inv_grad = scales.ptr + 4;
+        inv_weight = scales.ptr + 8;
+        grad_amax = scales.ptr + 12;
+        amax = DeviceBuffer<float>(2 * (size_t)products);
+    }
+    size_t bytes() const { return memory.bytes() + scales.bytes() + amax.bytes(); }
+    float* inp_amax(int product) { return amax.ptr + 2 * (size_t)product; }
+    float* weight_amax(int product) { return amax.ptr + 2 * (size_t)product + 1; }
+};
+
+// out (N, OC) = inp (N, C) weight (OC, C)^T, overwritten; inp and weight cast to e4m3 with scales from their amax,
+// which go to slot `product` for the backward.
+inline void fp8_linear_forward(floatX* out, const floatX* inp, const floatX* weight, int N, int C, int OC,
+                               int product, Fp8LinearScratch& s, cudaStream_t stream) {
+    float* inp_amax = s.inp_amax(product);
+    float* weight_amax = s.weight_amax(product);
+    fp8_amax(inp_amax, inp, (size_t)N * C, stream);
+    fp8_cast(s.operand, s.inv_operand, inp, inp_amax, (size_t)N * C, __NV_E4M3, stream);
+    fp8_amax(weight_amax, weight, (size_t)OC * C, stream);
+    fp8_cast(s.weight, s.inv_weight, weight, weight_amax, (size_t)OC * C, __NV_E4M3, stream);
+    matmul_fp8(out, s.operand, __NV_E4M3, s.weight, __NV_E4M3, N, OC, C, s.inv_operand, s.inv_weight, false, nullptr,
+               stream);
+}
+
+// The backward's first half: dinp (N, C) = dout (N, OC) weight (OC, C), overwritten. Casts dout to e5m2 in one
+// pass, its copy for this product and its transpose, which the scratch keeps for fp8_linear_backward_weight; the
+// weight's transposed e4m3 copy uses the forward's amax of slot `product`.
+inline void fp8_linear_backward_input(floatX* dinp, const floatX* dout, const floatX* weight, int N, int C, int OC,
+                                      int product, Fp8LinearScratch& s, cudaStream_t stream) {
+    fp8_amax(s.grad_amax, dout, (size_t)N * OC, stream);
+    fp8_cast_transpose(s.grad_t, s.operand, s.inv_grad, dout, s.grad_amax, N, OC, __NV_E5M2, stream);
+    fp8_cast_transpose(s.weight, nullptr, s.inv_weight, weight, s.weight_amax(product), OC, C, __NV_E4M3, stream);
+    matmul_fp8(dinp, s.operand, __NV_E5M2, s.weight, __NV_E4M3, N, C, OC, s.inv_grad, s.inv_weight, false, nullptr,
+               stream);
+}
+
+// The second half, after fp8_linear_backward_input of the same product (whose dout^T it uses; work between the two
+// may recompute inp, as the trainer's norm backward does): dweight (OC, C) = dout^T inp (N, C), added to dweight
+// with accumulate (cuBLASLt rounds the product to floatX first: matmul_fp8), else overwriting it (not read). inp's
+// transposed e4m3 copy uses the forward's amax of slot `product`.
+inline void fp8_linear_backward_weight(floatX* dweight, const floatX* inp, int N, int C, int OC, int product,
+                                       bool accumulate, Fp8LinearScratch& s, cudaStream_t stream) {
+    fp8_cast_transpose(s.operand, nullptr, s.inv_operand, inp, s.inp_amax(product), N, C, __NV_E4M3, stream);
+    matmul_fp8(dweight, s.grad_t, __NV_E5M2, s.operand, __NV_E4M3, OC, C, N, s.inv_grad, s.inv_operand, accumulate,
+               nullptr, stream);
 }

@@ -187,19 +187,22 @@ def test_bad_flags_rejected(build, small_run_inputs, tmp_path, case):
     assert word in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("model", ["test-gqa", "d2", "d2-fused"])
+@pytest.mark.parametrize("model", ["test-gqa", "d2", "d2-fused", "d2-fp8"])
 def test_compute_sanitizer_memcheck(build, small_run_inputs, tmp_path, model):
     """test-gqa (head dim 8) runs the scalar attention kernels, d2 (head dim 64, T = 100: a ragged last tile) the
     tensor-core ones; d2-fused (256 tokens a micro-batch, F = 512: a ragged last tile column) also the w13 and w2
-    products with the SwiGLU forward and backward fused on Hopper (matmul_swiglu.cuh)."""
+    products with the SwiGLU forward and backward fused on Hopper (matmul_swiglu.cuh); d2-fp8 the same in the FP8
+    mode (-M fp8: casts, FP8 products and the scratch they share, matmul_fp8.cuh)."""
     sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not os.path.exists(sanitizer):
         pytest.skip("compute-sanitizer not installed")
     cmd = train_cmd(build["BF16"]["train"], small_run_inputs, tmp_path / "san", 3, "-n", "0")
     if model == "d2":
         cmd = cmd[:1] + ["-c", "d2"] + cmd[3:] + ["-b", "2", "-t", "100", "-g", "200"]
-    if model == "d2-fused":
+    if model in ("d2-fused", "d2-fp8"):
         cmd = cmd[:1] + ["-c", "d2"] + cmd[3:] + ["-b", "2", "-t", "128", "-g", "256"]
+    if model == "d2-fp8":
+        cmd += ["-M", "fp8"]
     result = run([sanitizer, "--tool", "memcheck", "--error-exitcode", "9", *cmd], timeout=1200)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "ERROR SUMMARY: 0 errors" in result.stdout + result.stderr

@@ -455,6 +455,7 @@ BAD_FLAGS = {
     "unknown flag": (["-K", "1"], ["-K"]),
     "flag without value": (["-x"], ["-x", "needs a value"]),
     "not a number": (["-l", "fast"], ["-l", "not a number"]),
+    "M not bf16 or fp8": (["-M", "fp4"], ["-M", "'fp4'", "not bf16 or fp8"]),
     "no model": (["-e", ""], ["-e", "-c"]),
     "model is a directory": (["-e", "/"], ["'/'", "is a directory", "config.json"]),
     "model missing": (["-e", "/nonexistent/model.bin"], ["/nonexistent/model.bin"]),
@@ -488,6 +489,22 @@ def test_trainer_checks_tokenizer_ids(data, tmp_path, case):
     words = {"bos": ["<|begin_of_text|>", "id 280", "vocab of 259"], "eos": ["<|end_of_text|>", "id 259"],
              "eot": ["<|eot_id|>", "id 299"], "smaller": ["has 200 tokens", "259"]}[case]
     assert_refused_on_host(result, str(tok), *words)
+
+
+def test_trainer_fp8_mode_checks(data, tmp_path, precision):
+    """-M fp8: refused by the FP32 build; in the BF16 build every dimension of the FP8 products must be a multiple of
+    16 (the gqa fixture's F = 88 is not; d2's widths are; -t 31 makes 124 tokens a micro-batch). The GPU's own check
+    (compute capability 8.9) needs a GPU."""
+    assert "-M <type>" in run([trainer(), "-h"]).stdout
+    result = run(base_cmd(data, tmp_path / "run", "-M", "fp8"))
+    if precision == "fp32":
+        assert_refused_on_host(result, "-M", "'fp8'", "BF16 build")
+        return
+    assert_refused_on_host(result, "-M fp8", "ffn_hidden F is 88", "multiple of 16")
+    d2 = ["-M", "fp8", "-c", "d2", "-e", ""]
+    assert passes_host_checks(run(base_cmd(data, tmp_path / "run", *d2))), result.stderr
+    assert_refused_on_host(run(base_cmd(data, tmp_path / "run2", *d2, "-t", 31)), "-M fp8", "-b x -t is 124")
+    assert passes_host_checks(run(base_cmd(data, tmp_path / "run3", "-M", "bf16")))
 
 
 def test_trainer_sample_length_must_fit(data, tmp_path):

@@ -11,15 +11,19 @@ Reliability of training runs on a GPU (issue 11); skipped without one. The CPU s
     weights, a state file holding NaN is refused naming the tensor;
   - run directories: -F 1 over another run, retention of this run's files only, resume of the owning run;
   - write errors during training: a full disk under log.txt or under stdout, a directory where a checkpoint goes;
-  - output: step lines reach a redirected stdout before a kill; sampling with an in-vocab start id.
+  - output: step lines reach a redirected stdout before a kill; sampling with an in-vocab start id;
+  - the FP8 mode (-M fp8) on d2: its loss against the BF16 mode's within a bound derived from the FP8 formats' unit
+    roundoff, bit-identical recomputation levels, kill and resume bit for bit, checkpoints shared with the BF16 mode.
 
 The model is dev/fixtures/gqa_model.bin (V=259), so no PyTorch is needed.
 
     python -m pytest -q dev/test/test_reliability_gpu.py
 """
 
+import math
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -109,11 +113,12 @@ def newest_state(out_dir):
     return steps[-1] if steps else 0
 
 
-def check_resume_matches(binary, data, out, full, expected_from):
-    """-y 1 resumes from the newest complete checkpoint and continues exactly as the uninterrupted run."""
+def check_resume_matches(binary, data, out, full, expected_from, *extra):
+    """-y 1 (with the run's flags `extra`) resumes from the newest complete checkpoint and continues exactly as the
+    uninterrupted run."""
     full_stdout, full_dir = full
     assert newest_state(out) == expected_from, sorted(os.listdir(out))
-    resumed = run(train_cmd(binary, data, out, "-y", 1, model=None))
+    resumed = run(train_cmd(binary, data, out, "-y", 1, *extra, model=None))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from {out}/state_{expected_from:08d}.bin at step {expected_from}" in resumed.stdout
     got, want = step_lines(resumed.stdout), step_lines(full_stdout)[expected_from:]
@@ -365,3 +370,97 @@ def test_sampling_with_in_vocab_tokenizer(build, data, tmp_path):
     result = run(train_cmd(build["BF16"], data, tmp_path / "run", "-x", 4, "-z", tok, "-s", 2, "-L", 16))
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("sample: ") == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The FP8 mode (-M fp8): d2, whose widths are multiples of 16 (the gqa fixture's F = 88 is not), from a start that
+# 12 BF16 steps trained, so that the layers compute something the loss depends on.
+#
+# The bound on the loss. Rounding to nearest, a value cast to e4m3 (3 mantissa bits) is off by at most u4 = 2^-4 of
+# itself, cast to e5m2 (2 bits) by u5 = 2^-3 (the per-tensor scale puts the amax at the format's largest value, so
+# only values 2^15 below the amax, in e4m3's subnormals, lose more: negligible in absolute terms). Roundings of
+# different elements are independent with mean zero and an rms of u / sqrt(3) of the value, so a product of two cast
+# operands is off by a relative rms of sqrt(u_a^2 + u_b^2) / sqrt(3): EPS_FWD = 0.051 in the forward (e4m3 x e4m3),
+# EPS_BWD = 0.081 in the backward (e5m2 x e4m3); the fp32 accumulation adds nothing comparable. Taking that error as
+# if it moved the loss coherently (it does not: the roundings of different elements and tokens average out), the
+# forward changes the loss by at most EPS_FWD of what the model computes beyond a uniform guess, ln V - L, and the
+# gradients change the run by at most EPS_BWD of what it has learned since its first step, |L_1 - L_k|:
+#   |L8_k - L16_k| <= EPS_FWD (ln V - L16_k) + EPS_BWD |L16_1 - L16_k|
+# A wrong scale, format or operand moves the loss by nats; the bit-exact checks below catch the subtler faults.
+
+U4, U5 = 2.0 ** -4, 2.0 ** -3
+EPS_FWD = math.sqrt(U4 ** 2 + U4 ** 2) / math.sqrt(3)
+EPS_BWD = math.sqrt(U5 ** 2 + U4 ** 2) / math.sqrt(3)
+D2_VOCAB = 128256
+
+
+@pytest.fixture(scope="module")
+def d2_start(build, data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("d2_start")
+    result = run(train_cmd(build["BF16"], data, out, "-c", "d2", model=None))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out / f"model_{STEPS:08d}.bin"
+
+
+@pytest.fixture(scope="module")
+def d2_runs(build, data, d2_start, tmp_path_factory):
+    """From d2_start, STEPS steps with the layers' products in bf16 and in fp8: {mode: (stdout, run dir)}."""
+    runs = {}
+    for mode in ("bf16", "fp8"):
+        out = tmp_path_factory.mktemp(f"d2_{mode}")
+        result = run(train_cmd(build["BF16"], data, out, "-M", mode, model=d2_start))
+        assert result.returncode == 0, result.stdout + result.stderr
+        runs[mode] = (result.stdout, out)
+    return runs
+
+
+def val_loss_before_training(stdout):
+    return float(re.search(r"step 0 \| val loss (\S+)", stdout).group(1))
+
+
+def test_fp8_loss_within_bound_of_bf16(d2_runs):
+    bf16_out, fp8_out = d2_runs["bf16"][0], d2_runs["fp8"][0]
+    assert "layers' matmuls fp8" in fp8_out and "FP8 scratch" in fp8_out, fp8_out
+    assert "layers' matmuls fp8" not in bf16_out and "FP8 scratch" not in bf16_out, bf16_out
+    bf16 = [float(loss) for _, loss, _ in step_lines(bf16_out)]
+    fp8 = [float(loss) for _, loss, _ in step_lines(fp8_out)]
+    assert len(bf16) == len(fp8) == STEPS and all(map(math.isfinite, bf16 + fp8)), (bf16, fp8)
+    assert sum(fp8[-3:]) < sum(fp8[:3]), fp8  # it learns
+    assert fp8 != bf16, "the FP8 mode computed exactly what the BF16 mode did"
+    ln_v = math.log(D2_VOCAB)
+    for k in range(STEPS):
+        bound = EPS_FWD * (ln_v - bf16[k]) + EPS_BWD * abs(bf16[0] - bf16[k])
+        assert abs(fp8[k] - bf16[k]) <= bound, f"step {k + 1}: fp8 {fp8[k]} bf16 {bf16[k]} bound {bound}"
+    # the val loss before training: both modes on the same weights, only the forward's casts differ
+    v16, v8 = val_loss_before_training(bf16_out), val_loss_before_training(fp8_out)
+    assert abs(v8 - v16) <= EPS_FWD * (ln_v - v16), (v8, v16)
+
+
+def test_fp8_recompute_levels_are_bit_identical(build, data, d2_start, d2_runs, tmp_path):
+    """The recomputed inputs are cast as the forward cast them: -R 0 and 2 give the default -R 1's run bit for bit."""
+    want = step_lines(d2_runs["fp8"][0])
+    for level in (0, 2):
+        result = run(train_cmd(build["BF16"], data, tmp_path / f"r{level}", "-M", "fp8", "-R", level, "-n", 0,
+                               model=d2_start))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert step_lines(result.stdout) == want, (level, result.stdout)
+
+
+def test_fp8_kill_and_resume_is_bit_identical(build, data, d2_start, d2_runs, tmp_path):
+    """Current scaling keeps no state beyond the weights: a resumed FP8 run continues bit for bit."""
+    out = tmp_path / "run"
+    killed = run(train_cmd(build["BF16"], data, out, "-M", "fp8", model=d2_start), env={"LLAMA3_FAULT": "step 7"})
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    check_resume_matches(build["BF16"], data, out, d2_runs["fp8"], 6, "-M", "fp8")
+
+
+@pytest.mark.parametrize("saved,resumed", [("bf16", "fp8"), ("fp8", "bf16")])
+def test_fp8_and_bf16_checkpoints_are_interchangeable(build, data, d2_runs, tmp_path, saved, resumed):
+    out = tmp_path / "run"
+    shutil.copytree(d2_runs[saved][1], out)
+    result = run(train_cmd(build["BF16"], data, out, "-y", 1, "-x", STEPS + 3, "-M", resumed, model=None))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"resumed from {out}/state_{STEPS:08d}.bin at step {STEPS}" in result.stdout
+    lines = step_lines(result.stdout)
+    assert [int(s[0]) for s in lines] == list(range(STEPS + 1, STEPS + 4))
+    assert all(math.isfinite(float(s[1])) for s in lines), result.stdout
