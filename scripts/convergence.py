@@ -38,6 +38,9 @@ import shlex
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plot_loss  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = ["ours_bf16", "ours_fp8", "torch_bf16", "torchao_fp8", "torch_fp8"]
 DEFAULT_VARIANTS = "ours_bf16,ours_fp8,torch_bf16,torchao_fp8"
@@ -116,14 +119,7 @@ def commands(args, init):
 
 def read_log(path):
     """(train, val): lists of (step, loss) from a log.txt; empty where the file does not exist."""
-    train, val = [], []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 4 and parts[0] == "step" and parts[2] in ("train_loss", "val_loss"):
-                    (train if parts[2] == "train_loss" else val).append((int(parts[1]), float(parts[3])))
-    return train, val
+    return plot_loss.read_log(path) if os.path.exists(path) else ([], [])
 
 
 def final_val(path, steps):

@@ -2,15 +2,12 @@
 
   python scripts/plot_loss.py runs/d6/log.txt runs/d6/loss.png
 """
+import os
 import sys
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 
 
 def read_log(path):
+    """(train, val): lists of (step, loss) from the 'step N train_loss X' and 'step N val_loss X' lines."""
     train, val = [], []
     with open(path) as f:
         for line in f:
@@ -23,9 +20,16 @@ def read_log(path):
 def main():
     if len(sys.argv) != 3:
         raise SystemExit("usage: plot_loss.py log.txt out.png")
+    if not os.path.isfile(sys.argv[1]):
+        raise SystemExit(f"error: no log file {sys.argv[1]}")
     train, val = read_log(sys.argv[1])
     if not train:
         raise SystemExit(f"error: no 'step N train_loss X' lines in {sys.argv[1]}")
+    import matplotlib  # here, so that read_log can be imported (scripts/convergence.py) without it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     plt.figure(figsize=(8, 5))
     plt.plot(*zip(*train), label="train", alpha=0.8)
     if val:
