@@ -83,8 +83,9 @@ struct Activations {
     DeviceBuffer<int> inputs, targets;
 };
 
-// With -M fp8 a layer's four products each have an amax slot in the FP8 scratch (Fp8LinearScratch), layer by layer
-// in this order: the forward writes its operands' amax there, the backward reads them.
+// With -M fp8 a layer's four products each have amax slots (Fp8LinearScales), layer by layer
+// in this order: the kernels that write a product's operands put their amax there (the forward its input's and
+// weight's, the backward its output gradient's), and the product's casts read them.
 enum Fp8Product { FP8_QKV, FP8_WO, FP8_W13, FP8_W2, FP8_PRODUCTS };
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -257,7 +258,9 @@ struct Llama3 {
     bool gather_pending = false;
     int recompute = 0;                 // activation recomputation level: 0 none, 1 norms + swiglu, 2 also w13
     bool fp8_mode = false;             // -M fp8: the layers' products in FP8, with their scratch
-    Fp8LinearScratch fp8_scratch;
+    Fp8LinearScales fp8_scales;
+    Fp8Copies fp8_forward_copies = {}, fp8_backward_copies = {};  // see allocate_activations
+    size_t fp8_extra_bytes = 0;  // what the FP8 copies added to the activations' memory
     DeviceBuffer<float> rope_table;    // (max_seq_len, hd/2, 2) {cos, sin}
     Activations acts;
     EmbeddingBackwardPlan embedding_plan;
@@ -404,7 +407,21 @@ struct Llama3 {
         size_t max_rows = std::min(N, std::max<size_t>(1, (layer_scratch + ((size_t)1 << 28)) / c.vocab_size));
         size_t chunks = (N + max_rows - 1) / max_rows;
         classifier_chunk = (int)((N + chunks - 1) / chunks);
-        a.shared_scratch = DeviceBuffer<floatX>(std::max(layer_scratch, (size_t)classifier_chunk * c.vocab_size));
+        size_t scratch_count = std::max(layer_scratch, (size_t)classifier_chunk * c.vocab_size);
+        // FP8 copies (Fp8Copies) in memory that holds nothing else at the time. The forward's anywhere in the shared
+        // scratch, which is free until the classifier; the backward's after the layer scratch, except the MLP's
+        // largest (copy_in_dead_buffers in backward()). Sizes in floatX elements, each part 256-byte aligned.
+        const size_t max_weight = std::max({QKV * C, C * attn, 2 * F * C, C * F});
+        auto fp8_bytes = [&](size_t bytes) { return aligned((bytes + sizeof(floatX) - 1) / sizeof(floatX)); };
+        const size_t fp8_forward = fp8_bytes(N * std::max({C, attn, F})) + fp8_bytes(max_weight);
+        const size_t fp8_backward_operand = fp8_bytes(N * std::max({C, attn, QKV}));
+        const size_t fp8_backward = fp8_backward_operand + fp8_bytes(N * std::max(C, QKV)) + fp8_bytes(max_weight);
+        if (fp8_mode) {
+            size_t without = scratch_count;
+            scratch_count = std::max({scratch_count, fp8_forward, layer_scratch + fp8_backward});
+            fp8_extra_bytes = (scratch_count - without) * sizeof(floatX);
+        }
+        a.shared_scratch = DeviceBuffer<floatX>(scratch_count);
         a.logits = a.shared_scratch.ptr;
         a.dh13 = a.shared_scratch.ptr;
         a.dhact = a.dh13 + aligned(N * 2 * F);
@@ -424,8 +441,15 @@ struct Llama3 {
         host_losses = PinnedBuffer<float>((size_t)loss_slots * N);
         host_norm = PinnedBuffer<float>(1);
         if (fp8_mode) {
-            fp8_scratch.allocate(N, std::max({C, attn, F}), std::max({QKV, C, 2 * F}),
-                                 std::max({QKV * C, C * attn, 2 * F * C, C * F}), (int)L * FP8_PRODUCTS);
+            using fp8_t = __nv_fp8_storage_t;
+            fp8_t* forward = reinterpret_cast<fp8_t*>(a.shared_scratch.ptr);
+            fp8_forward_copies = {forward, nullptr, forward + (fp8_forward - fp8_bytes(max_weight)) * sizeof(floatX),
+                                  nullptr};
+            fp8_t* backward = reinterpret_cast<fp8_t*>(a.shared_scratch.ptr + layer_scratch);
+            fp8_t* grad_t = backward + fp8_backward_operand * sizeof(floatX);
+            fp8_t* weight = backward + (fp8_backward - fp8_bytes(max_weight)) * sizeof(floatX);
+            fp8_backward_copies = {backward, grad_t, weight, backward};
+            fp8_scales.allocate((int)L * FP8_PRODUCTS);
         }
     }
 
@@ -452,7 +476,8 @@ struct Llama3 {
         Activations& a = acts;
         Profiler& prof = profiler;
         const bool fp8 = fp8_products(N);
-        Fp8LinearScratch& f8 = fp8_scratch;
+        Fp8LinearScales& f8 = fp8_scales;
+        const Fp8Copies& fc = fp8_forward_copies;
         host_inputs.assign(inputs, inputs + N);
         int* staged = host_batch.ptr + (size_t)upload_slot * 2 * B * T;
         cudaCheck(cudaEventSynchronize(batch_uploaded[upload_slot]));  // the copy from this slot two calls ago
@@ -465,13 +490,16 @@ struct Llama3 {
         cudaCheck(cudaEventRecord(batch_uploaded[upload_slot], stream));
         upload_slot ^= 1;
 
+        // FP8: the products' amax slots (Fp8LinearScales), filled by the kernels that write their inputs
+        auto inp_amax = [&](int l, Fp8Product product) { return fp8 ? f8.inp_amax(fp8_slot(l, product)) : nullptr; };
         {
             ProfileScope region(prof, "fwd embedding + norm");
             wait_params_gathered(0);
+            if (fp8) f8.clear_forward_amax(stream);
             encoder_forward(a.residual.ptr, a.inputs.ptr, p.tok_embedding, N, C, stream);
             // later layers' input norms are fused with the residual add at the end of the previous layer
             rmsnorm_forward(layer_slice(a.ln1, 0, NC), a.rstd1.ptr, a.residual.ptr, p.attn_norm, N, C, c.norm_eps,
-                            stream);
+                            stream, inp_amax(0, FP8_QKV));
         }
         for (int l = 0; l < L; l++) {
             floatX* x = a.residual.ptr + l * NC;
@@ -487,9 +515,17 @@ struct Llama3 {
             const floatX* w13 = p.w13 + (size_t)l * 2 * F * C;
             const floatX* w2 = p.w2 + (size_t)l * C * F;
             wait_params_gathered(l + 1);
+            if (fp8) {
+                ProfileScope region(prof, "fwd fp8 weight amax");
+                float* amax[] = {f8.weight_amax(fp8_slot(l, FP8_QKV)), f8.weight_amax(fp8_slot(l, FP8_WO)),
+                                 f8.weight_amax(fp8_slot(l, FP8_W13)), f8.weight_amax(fp8_slot(l, FP8_W2))};
+                const floatX* weights[] = {wqkv, wo, w13, w2};
+                const size_t sizes[] = {(size_t)QKV * C, (size_t)C * H * hd, (size_t)2 * F * C, (size_t)C * F};
+                fp8_amax_accumulate(amax, weights, sizes, 4, stream);
+            }
             {
                 ProfileScope region(prof, "fwd qkv matmul");
-                if (fp8) fp8_linear_forward(qkv, ln1, wqkv, N, C, QKV, fp8_slot(l, FP8_QKV), f8, stream);
+                if (fp8) fp8_linear_forward(qkv, ln1, wqkv, N, C, QKV, fp8_slot(l, FP8_QKV), fc, f8, stream);
                 else matmul_forward(qkv, ln1, wqkv, N, C, QKV, stream);
             }
             {
@@ -499,32 +535,38 @@ struct Llama3 {
             {
                 ProfileScope region(prof, "fwd attention");
                 attention_forward(atty, a.lse.ptr + (size_t)l * N * H, qkv, b, t, H, KV, hd, stream);
+                if (fp8) fp8_amax_accumulate(f8.inp_amax(fp8_slot(l, FP8_WO)), atty, (size_t)N * H * hd, stream);
             }
             {  // the attention projection, then mid = x + it, normalised for the MLP
                 ProfileScope region(prof, "fwd wo matmul + norm");
-                if (fp8) fp8_linear_forward(a.branch_out.ptr, atty, wo, N, H * hd, C, fp8_slot(l, FP8_WO), f8, stream);
-                else matmul_forward(a.branch_out.ptr, atty, wo, N, H * hd, C, stream);
+                if (fp8) {
+                    fp8_linear_forward(a.branch_out.ptr, atty, wo, N, H * hd, C, fp8_slot(l, FP8_WO), fc, f8, stream);
+                } else {
+                    matmul_forward(a.branch_out.ptr, atty, wo, N, H * hd, C, stream);
+                }
                 fused_residual_rmsnorm_forward(mid, ln2, a.rstd2.ptr + (size_t)l * N, x, a.branch_out.ptr,
-                                               p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
+                                               p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream,
+                                               inp_amax(l, FP8_W13));
             }
             {
                 ProfileScope region(prof, "fwd w13 matmul + swiglu");
                 if (fp8) {  // the product, then the SwiGLU pass (the fused kernel's products are bf16)
-                    fp8_linear_forward(h13, ln2, w13, N, C, 2 * F, fp8_slot(l, FP8_W13), f8, stream);
-                    swiglu_forward(hact, h13, N, F, stream);
+                    fp8_linear_forward(h13, ln2, w13, N, C, 2 * F, fp8_slot(l, FP8_W13), fc, f8, stream);
+                    swiglu_forward(hact, h13, N, F, stream, inp_amax(l, FP8_W2));
                 } else {
                     matmul_swiglu_forward(h13, hact, ln2, w13, N, F, C, stream);
                 }
             }
             {  // x_{l+1} = mid + mlp, added in the kernel that normalises it for the next layer (or the head)
                 ProfileScope region(prof, "fwd w2 matmul + norm");
-                if (fp8) fp8_linear_forward(a.branch_out.ptr, hact, w2, N, F, C, fp8_slot(l, FP8_W2), f8, stream);
+                if (fp8) fp8_linear_forward(a.branch_out.ptr, hact, w2, N, F, C, fp8_slot(l, FP8_W2), fc, f8, stream);
                 else matmul_forward(a.branch_out.ptr, hact, w2, N, F, C, stream);
                 floatX* x_next = a.residual.ptr + (l + 1) * NC;
                 if (l + 1 < L) {
                     fused_residual_rmsnorm_forward(x_next, layer_slice(a.ln1, l + 1, NC),
                                                    a.rstd1.ptr + (size_t)(l + 1) * N, mid, a.branch_out.ptr,
-                                                   p.attn_norm + (size_t)(l + 1) * C, N, C, c.norm_eps, stream);
+                                                   p.attn_norm + (size_t)(l + 1) * C, N, C, c.norm_eps, stream,
+                                                   inp_amax(l + 1, FP8_QKV));
                 } else {
                     fused_residual_rmsnorm_forward(x_next, a.lnf.ptr, a.rstdf.ptr, mid, a.branch_out.ptr,
                                                    p.final_norm, N, C, c.norm_eps, stream);
@@ -595,12 +637,19 @@ struct Llama3 {
         Profiler& prof = profiler;
         bool add = !overwrite_grads;  // to the gradients, or over them (the step's first micro-batch)
         const bool fp8 = fp8_products(N);  // as the forward ran them: its amax slots are read here
-        Fp8LinearScratch& f8 = fp8_scratch;
+        Fp8LinearScales& f8 = fp8_scales;
+        const Fp8Copies& bc = fp8_backward_copies;
+        // FP8: the products' output-gradient amax slots, filled by the kernels that write those gradients
+        auto grad_amax = [&](int l, Fp8Product product) {
+            return fp8 && l >= 0 ? f8.grad_amax(fp8_slot(l, product)) : nullptr;
+        };
         {
             ProfileScope region(prof, "bwd final norm");
+            if (fp8) f8.clear_grad_amax(stream);
             cudaCheck(cudaMemsetAsync(a.dresidual.ptr, 0, NC * sizeof(floatX), stream));
             rmsnorm_backward(a.dresidual.ptr, hg.final_norm, a.rmsnorm_scratch.ptr, nullptr, dnorm,
-                             a.residual.ptr + L * NC, p.final_norm, a.rstdf.ptr, N, C, add, stream);
+                             a.residual.ptr + L * NC, p.final_norm, a.rstdf.ptr, N, C, add, stream,
+                             grad_amax(L - 1, FP8_W2));
         }
         for (int l = L - 1; l >= 0; l--) {
             grads.begin_layer(l, stream);
@@ -619,6 +668,13 @@ struct Llama3 {
             const floatX* wo = p.wo + (size_t)l * C * H * hd;
             const floatX* w13 = p.w13 + (size_t)l * 2 * F * C;
             const floatX* w2 = p.w2 + (size_t)l * C * F;
+            // FP8: the MLP's largest copies go to buffers dead by then: the w13 output gradient's copy to dhact and its
+            // transpose to this layer's h13 (both read by the SwiGLU backward before), hact's transpose to dhact
+            // (after the SwiGLU backward read it). Each holds at least as many bytes: floatX elements, the same count.
+            using fp8_t = __nv_fp8_storage_t;
+            const Fp8Copies w13_copies = {reinterpret_cast<fp8_t*>(a.dhact), reinterpret_cast<fp8_t*>(h13), bc.weight,
+                                          bc.inp_t};
+            const Fp8Copies w2_copies = {bc.operand, bc.grad_t, bc.weight, reinterpret_cast<fp8_t*>(a.dhact)};
             // Recomputation: bit-identical to the forward's values (the same kernels, or the norm's backward with the
             // forward's expression and rstd, on the same inputs). ln1, and ln2 at level 1, are written by the norms'
             // backward, between the input-gradient and the weight-gradient matmuls; at level 2 the w13 product must
@@ -627,7 +683,7 @@ struct Llama3 {
             if (recompute >= 2) {
                 ProfileScope region(prof, "bwd recompute");
                 rmsnorm_forward(ln2, rstd2, mid, p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
-                if (fp8) fp8_linear_forward(h13, ln2, w13, N, C, 2 * F, fp8_slot(l, FP8_W13), f8, stream);
+                if (fp8) fp8_linear_forward(h13, ln2, w13, N, C, 2 * F, fp8_slot(l, FP8_W13), bc, f8, stream);
                 else matmul_forward(h13, ln2, w13, N, C, 2 * F, stream);
             }
             // the MLP branch: dresidual is the gradient of its output. The w2 weight gradient comes after the swiglu
@@ -635,9 +691,11 @@ struct Llama3 {
             {
                 ProfileScope region(prof, "bwd w2 matmul + swiglu");
                 if (fp8) {  // as matmul_swiglu_backward without the fused kernel: the product into dhact, then SwiGLU
-                    fp8_linear_backward_input(a.dhact, a.dresidual.ptr, w2, N, F, C, fp8_slot(l, FP8_W2), f8, stream);
-                    swiglu_backward(a.dh13, recompute >= 1 ? hact : nullptr, a.dhact, h13, N, F, stream);
-                    fp8_linear_backward_weight(g.w2, hact, N, F, C, fp8_slot(l, FP8_W2), add, f8, stream);
+                    fp8_linear_backward_input(a.dhact, a.dresidual.ptr, w2, N, F, C, fp8_slot(l, FP8_W2), w2_copies, f8,
+                                              stream);
+                    swiglu_backward(a.dh13, recompute >= 1 ? hact : nullptr, a.dhact, h13, N, F, stream,
+                                    grad_amax(l, FP8_W13));
+                    fp8_linear_backward_weight(g.w2, hact, N, F, C, fp8_slot(l, FP8_W2), add, w2_copies, f8, stream);
                 } else {
                     matmul_swiglu_backward(a.dh13, recompute >= 1 ? hact : nullptr, a.dhact, a.dresidual.ptr, w2, h13,
                                            N, F, C, stream);
@@ -646,20 +704,27 @@ struct Llama3 {
             }
             {
                 ProfileScope region(prof, "bwd w13 matmul + norm");
-                if (fp8) fp8_linear_backward_input(dnorm, a.dh13, w13, N, C, 2 * F, fp8_slot(l, FP8_W13), f8, stream);
+                if (fp8) {
+                    fp8_linear_backward_input(dnorm, a.dh13, w13, N, C, 2 * F, fp8_slot(l, FP8_W13), w13_copies, f8,
+                                              stream);
+                }
                 else matmul_backward(dnorm, nullptr, a.dh13, nullptr, w13, N, C, 2 * F, add, stream);
                 rmsnorm_backward(a.dresidual.ptr, g.ffn_norm, a.rmsnorm_scratch.ptr, recompute == 1 ? ln2 : nullptr,
-                                 dnorm, mid, p.ffn_norm + (size_t)l * C, rstd2, N, C, add, stream);
-                if (fp8) fp8_linear_backward_weight(g.w13, ln2, N, C, 2 * F, fp8_slot(l, FP8_W13), add, f8, stream);
+                                 dnorm, mid, p.ffn_norm + (size_t)l * C, rstd2, N, C, add, stream,
+                                 grad_amax(l, FP8_WO));
+                if (fp8) {
+                    fp8_linear_backward_weight(g.w13, ln2, N, C, 2 * F, fp8_slot(l, FP8_W13), add, w13_copies, f8,
+                                               stream);
+                }
                 else matmul_backward(nullptr, g.w13, a.dh13, ln2, w13, N, C, 2 * F, add, stream);
             }
             // the attention branch
             {
                 ProfileScope region(prof, "bwd wo matmul");
                 if (fp8) {
-                    fp8_linear_backward_input(a.datty, a.dresidual.ptr, wo, N, H * hd, C, fp8_slot(l, FP8_WO), f8,
+                    fp8_linear_backward_input(a.datty, a.dresidual.ptr, wo, N, H * hd, C, fp8_slot(l, FP8_WO), bc, f8,
                                               stream);
-                    fp8_linear_backward_weight(g.wo, atty, N, H * hd, C, fp8_slot(l, FP8_WO), add, f8, stream);
+                    fp8_linear_backward_weight(g.wo, atty, N, H * hd, C, fp8_slot(l, FP8_WO), add, bc, f8, stream);
                 } else {
                     matmul_backward(a.datty, g.wo, a.dresidual.ptr, atty, wo, N, H * hd, C, add, stream);
                 }
@@ -668,14 +733,16 @@ struct Llama3 {
                 ProfileScope region(prof, "bwd attention + rope");
                 attention_backward(a.dqkv, a.attention_delta.ptr, a.datty, qkv, atty, a.lse.ptr + (size_t)l * N * H,
                                    rope_table.ptr, b, t, H, KV, hd, stream);
+                if (fp8) fp8_amax_accumulate(f8.grad_amax(fp8_slot(l, FP8_QKV)), a.dqkv, (size_t)N * QKV, stream);
             }
             {
                 ProfileScope region(prof, "bwd qkv matmul + norm");
-                if (fp8) fp8_linear_backward_input(dnorm, a.dqkv, wqkv, N, C, QKV, fp8_slot(l, FP8_QKV), f8, stream);
+                if (fp8) fp8_linear_backward_input(dnorm, a.dqkv, wqkv, N, C, QKV, fp8_slot(l, FP8_QKV), bc, f8, stream);
                 else matmul_backward(dnorm, nullptr, a.dqkv, nullptr, wqkv, N, C, QKV, add, stream);
                 rmsnorm_backward(a.dresidual.ptr, g.attn_norm, a.rmsnorm_scratch.ptr, recompute >= 1 ? ln1 : nullptr,
-                                 dnorm, x, p.attn_norm + (size_t)l * C, rstd1, N, C, add, stream);
-                if (fp8) fp8_linear_backward_weight(g.wqkv, ln1, N, C, QKV, fp8_slot(l, FP8_QKV), add, f8, stream);
+                                 dnorm, x, p.attn_norm + (size_t)l * C, rstd1, N, C, add, stream,
+                                 grad_amax(l - 1, FP8_W2));
+                if (fp8) fp8_linear_backward_weight(g.wqkv, ln1, N, C, QKV, fp8_slot(l, FP8_QKV), add, bc, f8, stream);
                 else matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, wqkv, N, C, QKV, add, stream);
             }
             if (reduce) grads.layer_done(l, accumulate, stream);
@@ -1431,7 +1498,7 @@ int main(int argc, char** argv) {
     }
     printf("flops/token %.3e (6 x matmul weights + 6 L H hd T causal attention)\n", model.flops_per_token(opt.T));
     char fp8_memory[64] = "";
-    if (fp8) snprintf(fp8_memory, sizeof(fp8_memory), ", FP8 scratch %.1f MiB", model.fp8_scratch.bytes() / 1048576.0);
+    if (fp8) snprintf(fp8_memory, sizeof(fp8_memory), ", FP8 copies +%.1f MiB", model.fp8_extra_bytes / 1048576.0);
     printf("memory: recompute level %d, master weights %s, AdamW state %s%s; mem = device memory in use beyond the "
            "CUDA context\n", model.recompute, model.optimizer.master.ptr ? "fp32" : "none",
            model.optimizer.bf16_state ? "bf16" : "fp32", fp8_memory);

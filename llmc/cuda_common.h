@@ -103,6 +103,24 @@ __device__ __forceinline__ float block_reduce_sum(float v, float* scratch) {
     return warp_reduce_sum(v);
 }
 
+// The amax (max |x|) of a tensor a kernel writes, for FP8 scaling (llmc/fp8.cuh): each thread keeps the largest
+// |x| bits it writes (for non-negative floats integer order is numeric order, and NaN bits sort above infinity's),
+// then block_commit_amax takes the block's largest into *amax_bits with one atomicMax, so the result is the exact
+// maximum whatever the order. *amax_bits (a float's bits) must start at 0 or at the amax of other parts.
+__device__ __forceinline__ unsigned int abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
+
+// Every thread of the block calls it (it syncs); the block size a multiple of 32.
+__device__ __forceinline__ void block_commit_amax(unsigned int* amax_bits, unsigned int bits) {
+    __shared__ unsigned int warp_amax[32];
+    bits = __reduce_max_sync(0xFFFFFFFFu, bits);
+    if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = bits;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)blockDim.x / 32; w++) bits = max(bits, warp_amax[w]);
+        atomicMax(amax_bits, bits);
+    }
+}
+
 // True when `kernel`, a kernel compiled for sm_90a (its body a trap elsewhere), runs on the current device: compute
 // capability 9.0 (H100 / H200; later architectures do not run sm_90a code) and the kernel image the runtime picked
 // is sm_90 machine code (not, say, an sm_80 image or PTX JIT-compiled from an older target). Both queries are

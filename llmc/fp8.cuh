@@ -16,7 +16,8 @@
 // The scale is computed on the device from the amax in device memory: no host sync.
 //
 // Kernels:
-//   fp8_amax            amax = max |x| over n elements, in fp32 (exact: a maximum, order-independent; NaN wins)
+//   fp8_amax            amax = max |x| over n elements, in fp32 (exact: a maximum, order-independent; NaN wins);
+//                       fp8_amax_accumulate: the same for up to 4 tensors in one launch, into amaxes zeroed first
 //   fp8_cast            out[i] = q(x[i])                         x, out: n elements
 //   fp8_cast_transpose  out_t[c][r] = q(x[r][c]), and optionally out[r][c] = q(x[r][c]) in the same pass
 //                       x (rows, cols) row-major floatX; out_t (cols, rows) row-major FP8; out (rows, cols) FP8
@@ -89,41 +90,64 @@ __device__ __forceinline__ float fp8_cast_scale(const float* amax, float* inv_sc
 constexpr int FP8_AMAX_BLOCKS = 1024;
 constexpr int FP8_AMAX_THREADS = 256;
 
-// Each thread keeps the largest |x| bits it sees (for non-negative floats, integer order is numeric order, and
-// NaN bits are above infinity's); the block reduces them, then one atomicMax per block on the bits of *amax.
+// Up to FP8_AMAX_MAX_TENSORS tensors in one launch (a layer's weights), one row of blocks (blockIdx.y) each.
+constexpr int FP8_AMAX_MAX_TENSORS = 4;
+struct Fp8AmaxBatch {
+    const floatX* x[FP8_AMAX_MAX_TENSORS];
+    size_t n[FP8_AMAX_MAX_TENSORS];
+    unsigned int* amax_bits[FP8_AMAX_MAX_TENSORS];
+};
+
+// Each thread keeps the largest |x| bits it sees of its tensor, and the block commits them (block_commit_amax).
 template <int VEC>
-__global__ void __launch_bounds__(FP8_AMAX_THREADS)
-    fp8_amax_kernel(unsigned int* amax_bits, const floatX* x, size_t n) {
-    __shared__ unsigned int warp_max[FP8_AMAX_THREADS / 32];
+__global__ void __launch_bounds__(FP8_AMAX_THREADS) fp8_amax_kernel(Fp8AmaxBatch batch) {
+    const floatX* x = batch.x[blockIdx.y];
+    const size_t n = batch.n[blockIdx.y];
     unsigned int m = 0;
     for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n;
          i += (size_t)gridDim.x * blockDim.x * VEC) {
         float v[VEC];
         load_as_float<VEC>(v, x + i);
-        for (int j = 0; j < VEC; j++) m = max(m, __float_as_uint(v[j]) & 0x7FFFFFFFu);
+        for (int j = 0; j < VEC; j++) m = max(m, abs_bits(v[j]));
     }
-    m = __reduce_max_sync(0xFFFFFFFFu, m);
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < FP8_AMAX_THREADS / 32; w++) m = max(m, warp_max[w]);
-        atomicMax(amax_bits, m);
+    block_commit_amax(batch.amax_bits[blockIdx.y], m);
+}
+
+// amax[i] = max(amax[i], max |x[i][k]| over its n[i] elements), for `count` tensors (at most FP8_AMAX_MAX_TENSORS)
+// in one launch: zero the amax first for the tensor's own.
+inline void fp8_amax_accumulate(float* const* amax, const floatX* const* x, const size_t* n, int count,
+                                cudaStream_t stream) {
+    if (count <= 0) return;
+    if (count > FP8_AMAX_MAX_TENSORS) {
+        fprintf(stderr, "fp8_amax_accumulate: at most %d tensors a launch, got %d\n", FP8_AMAX_MAX_TENSORS, count);
+        fail_exit();
     }
+    Fp8AmaxBatch batch = {};
+    bool vec = true;
+    size_t largest = 0;
+    for (int i = 0; i < count; i++) {
+        batch.x[i] = x[i];
+        batch.n[i] = n[i];
+        batch.amax_bits[i] = reinterpret_cast<unsigned int*>(amax[i]);
+        vec = vec && n[i] % VEC16 == 0 && ((uintptr_t)x[i] & 15) == 0;
+        largest = std::max(largest, n[i]);
+    }
+    if (largest == 0) return;
+    const size_t threads = vec ? largest / VEC16 : largest;
+    dim3 grid((unsigned)std::min<size_t>(ceil_div<size_t>(threads, FP8_AMAX_THREADS), FP8_AMAX_BLOCKS), count);
+    if (vec) fp8_amax_kernel<VEC16><<<grid, FP8_AMAX_THREADS, 0, stream>>>(batch);
+    else fp8_amax_kernel<1><<<grid, FP8_AMAX_THREADS, 0, stream>>>(batch);
+    cudaCheckLaunch();
+}
+
+inline void fp8_amax_accumulate(float* amax, const floatX* x, size_t n, cudaStream_t stream) {
+    fp8_amax_accumulate(&amax, &x, &n, 1, stream);
 }
 
 // *amax = max |x[i]| over n elements (overwritten; 0 for n = 0).
 inline void fp8_amax(float* amax, const floatX* x, size_t n, cudaStream_t stream) {
     cudaCheck(cudaMemsetAsync(amax, 0, sizeof(float), stream));
-    if (n == 0) return;
-    unsigned int* bits = reinterpret_cast<unsigned int*>(amax);
-    if (n % VEC16 == 0 && ((uintptr_t)x & 15) == 0) {
-        unsigned grid = (unsigned)std::min<size_t>(ceil_div<size_t>(n / VEC16, FP8_AMAX_THREADS), FP8_AMAX_BLOCKS);
-        fp8_amax_kernel<VEC16><<<grid, FP8_AMAX_THREADS, 0, stream>>>(bits, x, n);
-    } else {
-        unsigned grid = (unsigned)std::min<size_t>(ceil_div<size_t>(n, FP8_AMAX_THREADS), FP8_AMAX_BLOCKS);
-        fp8_amax_kernel<1><<<grid, FP8_AMAX_THREADS, 0, stream>>>(bits, x, n);
-    }
-    cudaCheckLaunch();
+    fp8_amax_accumulate(amax, x, n, stream);
 }
 
 // ------------------------------------------------------------------------------------------------ cast

@@ -163,75 +163,80 @@ inline void matmul_fp8(floatX* out, const __nv_fp8_storage_t* a, __nv_fp8_interp
 
 // ------------------------------------------------------------------------------------------------ linear layers
 // The trainer's linear layers in FP8 (-M fp8): each of a layer's products (table at the top) casts its operands
-// just before it runs, with current per-tensor scaling: the amax of the tensor being cast, then the cast with the
-// scale computed on the device from that amax (llmc/fp8.cuh). Forward operands e4m3, the output gradient e5m2,
-// fp32 accumulation, floatX outputs into the buffers the bf16 products write. Nothing outlives a step but the
-// weights themselves, so a checkpoint holds the same state in either mode and a resumed run is bit-exact.
+// just before it runs, with current per-tensor scaling: the scale computed on the device from the amax of the
+// tensor being cast (llmc/fp8.cuh). Forward operands e4m3, the output gradient e5m2, fp32 accumulation, floatX
+// outputs into the buffers the bf16 products write. Nothing outlives a step but the weights themselves, so a
+// checkpoint holds the same state in either mode and a resumed run is bit-exact.
 //
-// The copies live in one scratch, sized for the largest product and reused by every layer:
-//   operand  rows x max(in, out) bytes: the input's e4m3 copy (forward), then in the backward the output gradient's
-//            e5m2 copy (input gradient), then the input's transposed e4m3 copy (weight gradient)
-//   grad_t   rows x max out bytes: the output gradient's transposed e5m2 copy, from the input gradient to the weight's
-//   weight   the largest weight: its e4m3 copy (forward) or transposed copy (input gradient)
-//   the inverse scales of the three, each 16 bytes apart (cuBLASLt's scale pointers), and the gradient's amax
-//   amax     two floats per product: its input's and its weight's amax, written by the forward, read by the
-//            backward (the same tensors then: the weights change only at the update, the inputs are kept or
-//            recomputed bit for bit), so the backward takes no amax of them
+// The amaxes are not taken here: each product finds its operands' amaxes in its slots, put there by the kernels
+// that wrote the operands (the norms, SwiGLU forward and backward, the norm backward for the residual gradient) or by
+// fp8_amax_accumulate where a writer does not take one (attention's output and gradient, the weights). That saves
+// a read of each of those tensors. Slots, per product: its input's and its weight's amax (written by the forward,
+// read by the backward too: the same tensors then, since the weights change only at the update and the inputs are
+// kept or recomputed bit for bit) and its output gradient's. The forward's slots restart at zero before each
+// forward, the gradients' before each backward (the writers take max(slot, their amax)).
+//
+// The FP8 copies of the operands are written where the caller says (Fp8Copies): the trainer puts them in memory
+// that holds nothing else at the time (its allocate_activations), so the FP8 mode needs little memory of its own.
+// The inverse scales and the amax slots live in Fp8LinearScales.
 // The weights are cast per product, not once per step: an e4m3 copy and a transposed copy of every layer weight
-// would hold as many bytes as the bf16 weights themselves, where the scratch holds one weight's; the price is
-// three reads of each weight per micro-batch (amax and cast in the forward, the transposed cast in the backward).
-struct Fp8LinearScratch {
-    DeviceBuffer<__nv_fp8_storage_t> memory;
-    DeviceBuffer<float> scales;  // inv_operand, inv_grad, inv_weight, grad_amax: 16 bytes apart
-    DeviceBuffer<float> amax;    // (products, 2): input, weight
-    __nv_fp8_storage_t *operand = nullptr, *grad_t = nullptr, *weight = nullptr;
-    float *inv_operand = nullptr, *inv_grad = nullptr, *inv_weight = nullptr, *grad_amax = nullptr;
+// would hold as many bytes as the bf16 weights themselves, where a product needs one weight's copy at a time; the
+// price is three reads of each weight per micro-batch (amax and cast in the forward, the transposed cast in the
+// backward).
+struct Fp8Copies {
+    __nv_fp8_storage_t* operand;  // forward: the input's copy; backward: the output gradient's copy (input gradient)
+    __nv_fp8_storage_t* grad_t;   // backward: the output gradient's transposed copy, from the input gradient to the
+                                  // weight gradient
+    __nv_fp8_storage_t* weight;   // the weight's copy (forward) or its transposed copy (input gradient)
+    __nv_fp8_storage_t* inp_t;    // backward: the input's transposed copy (weight gradient)
+};
 
-    // For products of up to `rows` rows, max_in input and max_out output features, max_weight weight elements;
-    // `products` amax slots.
-    void allocate(size_t rows, size_t max_in, size_t max_out, size_t max_weight, int products) {
-        auto aligned = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
-        const size_t operand_bytes = aligned(rows * std::max(max_in, max_out)), grad_t_bytes = aligned(rows * max_out);
-        memory = DeviceBuffer<__nv_fp8_storage_t>(operand_bytes + grad_t_bytes + aligned(max_weight));
-        operand = memory.ptr;
-        grad_t = operand + operand_bytes;
-        weight = grad_t + grad_t_bytes;
-        scales = DeviceBuffer<float>(16);
+struct Fp8LinearScales {
+    DeviceBuffer<float> scales;  // inv_operand, inv_grad, inv_weight: 16 bytes apart
+    DeviceBuffer<float> amax;    // [inputs | weights | output gradients], a slot per product each
+    int products = 0;
+    float *inv_operand = nullptr, *inv_grad = nullptr, *inv_weight = nullptr;
+
+    void allocate(int n_products) {
+        scales = DeviceBuffer<float>(12);
         inv_operand = scales.ptr;
         inv_grad = scales.ptr + 4;
         inv_weight = scales.ptr + 8;
-        grad_amax = scales.ptr + 12;
-        amax = DeviceBuffer<float>(2 * (size_t)products);
+        products = n_products;
+        amax = DeviceBuffer<float>(3 * (size_t)products);
     }
-    size_t bytes() const { return memory.bytes() + scales.bytes() + amax.bytes(); }
-    float* inp_amax(int product) { return amax.ptr + 2 * (size_t)product; }
-    float* weight_amax(int product) { return amax.ptr + 2 * (size_t)product + 1; }
+    float* inp_amax(int product) { return amax.ptr + product; }
+    float* weight_amax(int product) { return amax.ptr + products + product; }
+    float* grad_amax(int product) { return amax.ptr + 2 * products + product; }
+    void clear_forward_amax(cudaStream_t stream) {
+        cudaCheck(cudaMemsetAsync(amax.ptr, 0, 2 * (size_t)products * sizeof(float), stream));
+    }
+    void clear_grad_amax(cudaStream_t stream) {
+        cudaCheck(cudaMemsetAsync(grad_amax(0), 0, (size_t)products * sizeof(float), stream));
+    }
 };
 
-// out (N, OC) = inp (N, C) weight (OC, C)^T, overwritten; inp and weight cast to e4m3 with scales from their amax,
-// which go to slot `product` for the backward.
+// out (N, OC) = inp (N, C) weight (OC, C)^T, overwritten; inp and weight cast to e4m3 with the scales of their
+// amaxes in slot `product`.
 inline void fp8_linear_forward(floatX* out, const floatX* inp, const floatX* weight, int N, int C, int OC,
-                               int product, Fp8LinearScratch& s, cudaStream_t stream) {
-    float* inp_amax = s.inp_amax(product);
-    float* weight_amax = s.weight_amax(product);
-    fp8_amax(inp_amax, inp, (size_t)N * C, stream);
-    fp8_cast(s.operand, s.inv_operand, inp, inp_amax, (size_t)N * C, __NV_E4M3, stream);
-    fp8_amax(weight_amax, weight, (size_t)OC * C, stream);
-    fp8_cast(s.weight, s.inv_weight, weight, weight_amax, (size_t)OC * C, __NV_E4M3, stream);
-    matmul_fp8(out, s.operand, __NV_E4M3, s.weight, __NV_E4M3, N, OC, C, s.inv_operand, s.inv_weight, false, nullptr,
-               stream);
+                               int product, const Fp8Copies& copies, Fp8LinearScales& s, cudaStream_t stream) {
+    fp8_cast(copies.operand, s.inv_operand, inp, s.inp_amax(product), (size_t)N * C, __NV_E4M3, stream);
+    fp8_cast(copies.weight, s.inv_weight, weight, s.weight_amax(product), (size_t)OC * C, __NV_E4M3, stream);
+    matmul_fp8(out, copies.operand, __NV_E4M3, copies.weight, __NV_E4M3, N, OC, C, s.inv_operand, s.inv_weight, false,
+               nullptr, stream);
 }
 
-// The backward's first half: dinp (N, C) = dout (N, OC) weight (OC, C), overwritten. Casts dout to e5m2 in one
-// pass, its copy for this product and its transpose, which the scratch keeps for fp8_linear_backward_weight; the
-// weight's transposed e4m3 copy uses the forward's amax of slot `product`.
+// The backward's first half: dinp (N, C) = dout (N, OC) weight (OC, C), overwritten. Casts dout to e5m2 with the
+// scale of its amax in slot `product`, in one pass its copy for this product and its transpose (copies.grad_t,
+// which must be left for fp8_linear_backward_weight); the weight's transposed e4m3 copy uses the forward's amax.
 inline void fp8_linear_backward_input(floatX* dinp, const floatX* dout, const floatX* weight, int N, int C, int OC,
-                                      int product, Fp8LinearScratch& s, cudaStream_t stream) {
-    fp8_amax(s.grad_amax, dout, (size_t)N * OC, stream);
-    fp8_cast_transpose(s.grad_t, s.operand, s.inv_grad, dout, s.grad_amax, N, OC, __NV_E5M2, stream);
-    fp8_cast_transpose(s.weight, nullptr, s.inv_weight, weight, s.weight_amax(product), OC, C, __NV_E4M3, stream);
-    matmul_fp8(dinp, s.operand, __NV_E5M2, s.weight, __NV_E4M3, N, C, OC, s.inv_grad, s.inv_weight, false, nullptr,
-               stream);
+                                      int product, const Fp8Copies& copies, Fp8LinearScales& s, cudaStream_t stream) {
+    fp8_cast_transpose(copies.grad_t, copies.operand, s.inv_grad, dout, s.grad_amax(product), N, OC, __NV_E5M2,
+                       stream);
+    fp8_cast_transpose(copies.weight, nullptr, s.inv_weight, weight, s.weight_amax(product), OC, C, __NV_E4M3,
+                       stream);
+    matmul_fp8(dinp, copies.operand, __NV_E5M2, copies.weight, __NV_E4M3, N, C, OC, s.inv_grad, s.inv_weight, false,
+               nullptr, stream);
 }
 
 // The second half, after fp8_linear_backward_input of the same product (whose dout^T it uses; work between the two
@@ -239,8 +244,9 @@ inline void fp8_linear_backward_input(floatX* dinp, const floatX* dout, const fl
 // with accumulate (cuBLASLt rounds the product to floatX first: matmul_fp8), else overwriting it (not read). inp's
 // transposed e4m3 copy uses the forward's amax of slot `product`.
 inline void fp8_linear_backward_weight(floatX* dweight, const floatX* inp, int N, int C, int OC, int product,
-                                       bool accumulate, Fp8LinearScratch& s, cudaStream_t stream) {
-    fp8_cast_transpose(s.operand, nullptr, s.inv_operand, inp, s.inp_amax(product), N, C, __NV_E4M3, stream);
-    matmul_fp8(dweight, s.grad_t, __NV_E5M2, s.operand, __NV_E4M3, OC, C, N, s.inv_grad, s.inv_operand, accumulate,
-               nullptr, stream);
+                                       bool accumulate, const Fp8Copies& copies, Fp8LinearScales& s,
+                                       cudaStream_t stream) {
+    fp8_cast_transpose(copies.inp_t, nullptr, s.inv_operand, inp, s.inp_amax(product), N, C, __NV_E4M3, stream);
+    matmul_fp8(dweight, copies.grad_t, __NV_E5M2, copies.inp_t, __NV_E4M3, OC, C, N, s.inv_grad, s.inv_operand,
+               accumulate, nullptr, stream);
 }

@@ -64,13 +64,20 @@ __device__ __forceinline__ void rmsnorm_load_segment(RmsnormPack<VEC> (&dst)[PAC
 // One warp per row. FUSED: x = round(a + b) is first written to residual_out, and the norm uses the rounded values
 // (what the next layer's residual stream holds). Otherwise x = a (b and residual_out unused).
 // residual_out may alias a or b: each element is read and written by the same thread, reads first.
-template <int VEC, bool FUSED>
-__global__ void rmsnorm_forward_kernel(floatX* residual_out, floatX* out, float* rstd, const floatX* a,
-                                       const floatX* b, const floatX* weight, int N, int C, float eps) {
+// AMAX: also the amax of out into *amax_bits (block_commit_amax), for the FP8 cast of out that follows; a warp past
+// the last row then stays to the end, for the block's sync.
+template <int VEC, bool FUSED, bool AMAX>
+__global__ void rmsnorm_forward_kernel(floatX* residual_out, floatX* out, float* rstd, unsigned int* amax_bits,
+                                       const floatX* a, const floatX* b, const floatX* weight, int N, int C,
+                                       float eps) {
     constexpr int SEGMENT = 32 * VEC * RMSNORM_PACKS;
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
-    if (row >= N) return;
+    unsigned int out_amax = 0;
+    if (row >= N) {
+        if constexpr (AMAX) block_commit_amax(amax_bits, out_amax);
+        return;
+    }
     size_t off = (size_t)row * C;
     RmsnormPack<VEC> first[RMSNORM_PACKS];
     float sum_sq = 0.0f;
@@ -101,41 +108,59 @@ __global__ void rmsnorm_forward_kernel(floatX* residual_out, floatX* out, float*
             int c = seg + (k * 32 + lane) * VEC;
             if (c >= C) continue;
             RmsnormPack<VEC> w = rmsnorm_load<VEC>(weight + c);
-            for (int j = 0; j < VEC; j++) x[k].v[j] = from_float<floatX>(to_float(x[k].v[j]) * r * to_float(w.v[j]));
+            for (int j = 0; j < VEC; j++) {
+                x[k].v[j] = from_float<floatX>(to_float(x[k].v[j]) * r * to_float(w.v[j]));
+                if constexpr (AMAX) out_amax = max(out_amax, abs_bits(to_float(x[k].v[j])));
+            }
             rmsnorm_store<VEC>(out + off + c, x[k]);
         }
     }
     if (lane == 0) rstd[row] = r;
+    if constexpr (AMAX) block_commit_amax(amax_bits, out_amax);
 }
 
-template <bool FUSED>
-inline void rmsnorm_forward_launch(floatX* residual_out, floatX* out, float* rstd, const floatX* a, const floatX* b,
-                                   const floatX* weight, int N, int C, float eps, cudaStream_t stream) {
-    if (N <= 0 || C <= 0) return;
+template <int VEC, bool FUSED>
+inline void rmsnorm_forward_launch_vec(floatX* residual_out, floatX* out, float* rstd, float* out_amax,
+                                       const floatX* a, const floatX* b, const floatX* weight, int N, int C, float eps,
+                                       cudaStream_t stream) {
     const int block = 256, rows_per_block = block / 32;
     unsigned grid = (unsigned)ceil_div(N, rows_per_block);
-    bool vec = rmsnorm_vec_ok(C, out, a, weight, b, residual_out);
-    if (vec) {
-        rmsnorm_forward_kernel<VEC16, FUSED>
-            <<<grid, block, 0, stream>>>(residual_out, out, rstd, a, b, weight, N, C, eps);
+    unsigned int* amax_bits = reinterpret_cast<unsigned int*>(out_amax);
+    if (out_amax != nullptr) {
+        rmsnorm_forward_kernel<VEC, FUSED, true>
+            <<<grid, block, 0, stream>>>(residual_out, out, rstd, amax_bits, a, b, weight, N, C, eps);
     } else {
-        rmsnorm_forward_kernel<1, FUSED><<<grid, block, 0, stream>>>(residual_out, out, rstd, a, b, weight, N, C, eps);
+        rmsnorm_forward_kernel<VEC, FUSED, false>
+            <<<grid, block, 0, stream>>>(residual_out, out, rstd, amax_bits, a, b, weight, N, C, eps);
     }
     cudaCheckLaunch();
 }
 
-// out (N, C) = rmsnorm(inp) * weight; rstd (N) overwritten. All outputs overwritten.
+template <bool FUSED>
+inline void rmsnorm_forward_launch(floatX* residual_out, floatX* out, float* rstd, float* out_amax, const floatX* a,
+                                   const floatX* b, const floatX* weight, int N, int C, float eps,
+                                   cudaStream_t stream) {
+    if (N <= 0 || C <= 0) return;
+    if (rmsnorm_vec_ok(C, out, a, weight, b, residual_out)) {
+        rmsnorm_forward_launch_vec<VEC16, FUSED>(residual_out, out, rstd, out_amax, a, b, weight, N, C, eps, stream);
+    } else {
+        rmsnorm_forward_launch_vec<1, FUSED>(residual_out, out, rstd, out_amax, a, b, weight, N, C, eps, stream);
+    }
+}
+
+// out (N, C) = rmsnorm(inp) * weight; rstd (N) overwritten. All outputs overwritten. out_amax: nullptr, or a float
+// that becomes max(itself, max |out|) (zero it first for out's amax alone; llmc/cuda_common.h's block_commit_amax).
 inline void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* weight, int N, int C, float eps,
-                            cudaStream_t stream) {
-    rmsnorm_forward_launch<false>(nullptr, out, rstd, inp, nullptr, weight, N, C, eps, stream);
+                            cudaStream_t stream, float* out_amax = nullptr) {
+    rmsnorm_forward_launch<false>(nullptr, out, rstd, out_amax, inp, nullptr, weight, N, C, eps, stream);
 }
 
 // residual_out = a + b (rounded to floatX), out = rmsnorm(residual_out) * weight, rstd saved. All overwritten.
-// residual_out may alias a or b (in-place residual update); out must not alias anything.
+// residual_out may alias a or b (in-place residual update); out must not alias anything. out_amax as above.
 inline void fused_residual_rmsnorm_forward(floatX* residual_out, floatX* out, float* rstd, const floatX* a,
                                            const floatX* b, const floatX* weight, int N, int C, float eps,
-                                           cudaStream_t stream) {
-    rmsnorm_forward_launch<true>(residual_out, out, rstd, a, b, weight, N, C, eps, stream);
+                                           cudaStream_t stream, float* out_amax = nullptr) {
+    rmsnorm_forward_launch<true>(residual_out, out, rstd, out_amax, a, b, weight, N, C, eps, stream);
 }
 
 // ------------------------------------------------------------------------------------------------ backward
@@ -166,10 +191,13 @@ inline size_t rmsnorm_backward_scratch_floats(int N, int C) { return (size_t)rms
 // in slot order they are consecutive floats.
 // OUT: pass 2 also writes out = x * rstd * weight, the forward's expression in the forward's order (rstd is the
 // forward's r), so bit-identical to it; a template flag keeps the test out of the loop.
-template <int VEC, bool OUT>
+// AMAX: the amax of the updated dinp into *amax_bits (block_commit_amax), for the FP8 cast of it that follows.
+template <int VEC, bool OUT, bool AMAX>
 __global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
-    rmsnorm_backward_kernel(floatX* dinp, float* scratch, floatX* out, const floatX* dout, const floatX* inp,
-                            const floatX* weight, const float* rstd, int N, int C, int rows_per_chunk) {
+    rmsnorm_backward_kernel(floatX* dinp, float* scratch, floatX* out, unsigned int* amax_bits, const floatX* dout,
+                            const floatX* inp, const floatX* weight, const float* rstd, int N, int C,
+                            int rows_per_chunk) {
+    unsigned int dinp_amax = 0;
     constexpr int SEGMENT = 32 * VEC * RMSNORM_BACKWARD_PACKS;
     extern __shared__ float warp_dweight[];  // (RMSNORM_BACKWARD_WARPS, C)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -213,6 +241,7 @@ __global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
                 for (int j = 0; j < VEC; j++) {
                     float gj = to_float(g[k].v[j]), xj = to_float(x[k].v[j]);
                     d[k].v[j] = from_float<floatX>(to_float(d[k].v[j]) + r * (gj * to_float(w.v[j]) - xj * r * mean));
+                    if constexpr (AMAX) dinp_amax = max(dinp_amax, abs_bits(to_float(d[k].v[j])));
                     my_dweight[j * (C / VEC) + c / VEC] += gj * (xj * r);
                     // the output takes x's register once xj holds it (the forward's expression and order)
                     if constexpr (OUT) x[k].v[j] = from_float<floatX>(xj * r * to_float(w.v[j]));
@@ -228,6 +257,7 @@ __global__ void __launch_bounds__(RMSNORM_BACKWARD_WARPS * 32)
         for (int w = 0; w < RMSNORM_BACKWARD_WARPS; w++) sum += warp_dweight[(size_t)w * C + slot];
         scratch[(size_t)blockIdx.x * C + slot] = sum;
     }
+    if constexpr (AMAX) block_commit_amax(amax_bits, dinp_amax);
 }
 
 // dweight[c] += (or with accumulate = false, =) the sum over the chunks of column c's partial, which scratch[chunk]
@@ -256,7 +286,7 @@ __global__ void rmsnorm_backward_dweight_reduce_kernel(floatX* dweight, const fl
 
 // Shared memory of rmsnorm_backward_kernel: a row of C floats per warp. Above 48 KiB (C > 3072) it must be opted
 // into, once per kernel instance; C beyond the GPU's limit is refused with a message.
-template <int VEC, bool OUT>
+template <int VEC, bool OUT, bool AMAX>
 inline size_t rmsnorm_backward_smem(int C) {
     size_t bytes = (size_t)RMSNORM_BACKWARD_WARPS * C * sizeof(float);
     static size_t opted = 48 * 1024;
@@ -269,40 +299,53 @@ inline size_t rmsnorm_backward_smem(int C) {
                     bytes, limit);
             fail_exit();
         }
-        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel<VEC, OUT>,
+        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel<VEC, OUT, AMAX>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
         opted = bytes;
     }
     return bytes;
 }
 
-template <int VEC, bool OUT>
-inline void rmsnorm_backward_launch(floatX* dinp, float* scratch, floatX* out, const floatX* dout, const floatX* inp,
-                                    const floatX* weight, const float* rstd, int N, int C, cudaStream_t stream) {
-    size_t smem = rmsnorm_backward_smem<VEC, OUT>(C);
-    rmsnorm_backward_kernel<VEC, OUT><<<rmsnorm_backward_chunks(N), RMSNORM_BACKWARD_WARPS * 32, smem, stream>>>(
-        dinp, scratch, out, dout, inp, weight, rstd, N, C, rmsnorm_backward_rows_per_chunk(N));
+template <int VEC, bool OUT, bool AMAX>
+inline void rmsnorm_backward_launch(floatX* dinp, float* scratch, floatX* out, float* dinp_amax, const floatX* dout,
+                                    const floatX* inp, const floatX* weight, const float* rstd, int N, int C,
+                                    cudaStream_t stream) {
+    size_t smem = rmsnorm_backward_smem<VEC, OUT, AMAX>(C);
+    rmsnorm_backward_kernel<VEC, OUT, AMAX><<<rmsnorm_backward_chunks(N), RMSNORM_BACKWARD_WARPS * 32, smem, stream>>>(
+        dinp, scratch, out, reinterpret_cast<unsigned int*>(dinp_amax), dout, inp, weight, rstd, N, C,
+        rmsnorm_backward_rows_per_chunk(N));
     cudaCheckLaunch();
+}
+template <int VEC>
+inline void rmsnorm_backward_launch_vec(floatX* dinp, float* scratch, floatX* out, float* dinp_amax,
+                                        const floatX* dout, const floatX* inp, const floatX* weight, const float* rstd,
+                                        int N, int C, cudaStream_t stream) {
+    if (out != nullptr && dinp_amax != nullptr) {
+        rmsnorm_backward_launch<VEC, true, true>(dinp, scratch, out, dinp_amax, dout, inp, weight, rstd, N, C, stream);
+    } else if (out != nullptr) {
+        rmsnorm_backward_launch<VEC, true, false>(dinp, scratch, out, dinp_amax, dout, inp, weight, rstd, N, C, stream);
+    } else if (dinp_amax != nullptr) {
+        rmsnorm_backward_launch<VEC, false, true>(dinp, scratch, out, dinp_amax, dout, inp, weight, rstd, N, C, stream);
+    } else {
+        rmsnorm_backward_launch<VEC, false, false>(dinp, scratch, out, dinp_amax, dout, inp, weight, rstd, N, C,
+                                                   stream);
+    }
 }
 
 // dinp (N, C) += dx (accumulates into the residual gradient); dweight (C) += sum_n dout * xhat (accumulates,
 // deterministic; with accumulate = false it is overwritten instead). scratch: rmsnorm_backward_scratch_floats(N, C)
 // floats, contents don't matter, clobbered. out: nullptr, or (N, C) overwritten with the forward's output
 // x * rstd * weight, bit-identical to rmsnorm_forward's (recomputed for the weight gradient that needs it).
-// dinp must not alias dout or inp; out must not alias anything.
+// dinp must not alias dout or inp; out must not alias anything. dinp_amax: nullptr, or a float that becomes
+// max(itself, max |dinp|) over the updated dinp (zero it first for dinp's amax alone).
 inline void rmsnorm_backward(floatX* dinp, floatX* dweight, float* scratch, floatX* out, const floatX* dout,
                              const floatX* inp, const floatX* weight, const float* rstd, int N, int C, bool accumulate,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, float* dinp_amax = nullptr) {
     if (N <= 0 || C <= 0) return;
     int n_chunks = rmsnorm_backward_chunks(N);
     bool vec = rmsnorm_vec_ok(C, dinp, dout, inp, weight, out);
-    if (out != nullptr) {
-        if (vec) rmsnorm_backward_launch<VEC16, true>(dinp, scratch, out, dout, inp, weight, rstd, N, C, stream);
-        else rmsnorm_backward_launch<1, true>(dinp, scratch, out, dout, inp, weight, rstd, N, C, stream);
-    } else {
-        if (vec) rmsnorm_backward_launch<VEC16, false>(dinp, scratch, out, dout, inp, weight, rstd, N, C, stream);
-        else rmsnorm_backward_launch<1, false>(dinp, scratch, out, dout, inp, weight, rstd, N, C, stream);
-    }
+    if (vec) rmsnorm_backward_launch_vec<VEC16>(dinp, scratch, out, dinp_amax, dout, inp, weight, rstd, N, C, stream);
+    else rmsnorm_backward_launch_vec<1>(dinp, scratch, out, dinp_amax, dout, inp, weight, rstd, N, C, stream);
     dim3 reduce_block(32, RMSNORM_REDUCE_GROUPS);
     rmsnorm_backward_dweight_reduce_kernel<<<ceil_div(C, 32), reduce_block, 0, stream>>>(dweight, scratch, n_chunks,
                                                                                           C, vec ? VEC16 : 1,

@@ -11,8 +11,11 @@
 //
 // One thread per 16 bytes of output (8 bf16 / 4 fp32) when F is a multiple of that and the pointers are 16-byte
 // aligned (then gate, up and out row starts all are); otherwise one element per thread (e.g. F = 100 in bf16).
+// For the FP8 mode each kernel can also take the amax of what it writes (out forward, dinp backward; llmc/fp8.cuh):
+// then a grid of about one wave strides over the tensor, so that few blocks commit their amax (block_commit_amax).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda_common.h"
@@ -20,74 +23,102 @@
 // expf of a large positive -g overflows to inf, giving sigmoid 0 (the right limit), so no clamping is needed.
 __device__ __forceinline__ float swiglu_sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
+// The largest |x| bits of VEC values as they are stored (rounded to floatX).
 template <int VEC>
-__global__ void swiglu_forward_kernel(floatX* out, const floatX* inp, int N, int F) {
-    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;  // into out (N, F)
-    if (idx >= (size_t)N * F) return;
-    size_t n = idx / F;
-    int f = (int)(idx % F);  // VEC divides F: the VEC elements share a row
-    const floatX* gate = inp + n * 2 * F + f;
-    float g[VEC], u[VEC], o[VEC];
-    load_as_float<VEC>(g, gate);
-    load_as_float<VEC>(u, gate + F);
-    for (int j = 0; j < VEC; j++) o[j] = g[j] * swiglu_sigmoid(g[j]) * u[j];
-    store_from_float<VEC>(out + idx, o);
+__device__ __forceinline__ unsigned int swiglu_stored_amax(const float* x, unsigned int bits) {
+    for (int j = 0; j < VEC; j++) bits = max(bits, abs_bits(to_float(from_float<floatX>(x[j]))));
+    return bits;
 }
 
-template <int VEC>
-__global__ void swiglu_backward_kernel(floatX* dinp, floatX* out, const floatX* dout, const floatX* inp, int N,
-                                       int F) {
-    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;  // into dout (N, F)
-    if (idx >= (size_t)N * F) return;
-    size_t n = idx / F;
-    int f = (int)(idx % F);
-    size_t in_off = n * 2 * F + f;
-    float g[VEC], u[VEC], d[VEC], dg[VEC], du[VEC], o[VEC];
-    load_as_float<VEC>(g, inp + in_off);
-    load_as_float<VEC>(u, inp + in_off + F);
-    load_as_float<VEC>(d, dout + idx);
-    for (int j = 0; j < VEC; j++) {
-        float s = swiglu_sigmoid(g[j]);
-        dg[j] = d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
-        du[j] = d[j] * g[j] * s;
-        o[j] = g[j] * s * u[j];
+template <int VEC, bool AMAX>
+__global__ void swiglu_forward_kernel(floatX* out, unsigned int* amax_bits, const floatX* inp, int N, int F) {
+    unsigned int out_amax = 0;
+    for (size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC; idx < (size_t)N * F;  // into out (N, F)
+         idx += (size_t)gridDim.x * blockDim.x * VEC) {
+        size_t n = idx / F;
+        int f = (int)(idx % F);  // VEC divides F: the VEC elements share a row
+        const floatX* gate = inp + n * 2 * F + f;
+        float g[VEC], u[VEC], o[VEC];
+        load_as_float<VEC>(g, gate);
+        load_as_float<VEC>(u, gate + F);
+        for (int j = 0; j < VEC; j++) o[j] = g[j] * swiglu_sigmoid(g[j]) * u[j];
+        store_from_float<VEC>(out + idx, o);
+        if constexpr (AMAX) out_amax = swiglu_stored_amax<VEC>(o, out_amax);
     }
-    store_from_float<VEC>(dinp + in_off, dg);
-    store_from_float<VEC>(dinp + in_off + F, du);
-    if (out != nullptr) store_from_float<VEC>(out + idx, o);
+    if constexpr (AMAX) block_commit_amax(amax_bits, out_amax);
+}
+
+template <int VEC, bool AMAX>
+__global__ void swiglu_backward_kernel(floatX* dinp, floatX* out, unsigned int* amax_bits, const floatX* dout,
+                                       const floatX* inp, int N, int F) {
+    unsigned int dinp_amax = 0;
+    for (size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC; idx < (size_t)N * F;  // into dout
+         idx += (size_t)gridDim.x * blockDim.x * VEC) {
+        size_t n = idx / F;
+        int f = (int)(idx % F);
+        size_t in_off = n * 2 * F + f;
+        float g[VEC], u[VEC], d[VEC], dg[VEC], du[VEC], o[VEC];
+        load_as_float<VEC>(g, inp + in_off);
+        load_as_float<VEC>(u, inp + in_off + F);
+        load_as_float<VEC>(d, dout + idx);
+        for (int j = 0; j < VEC; j++) {
+            float s = swiglu_sigmoid(g[j]);
+            dg[j] = d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+            du[j] = d[j] * g[j] * s;
+            o[j] = g[j] * s * u[j];
+        }
+        store_from_float<VEC>(dinp + in_off, dg);
+        store_from_float<VEC>(dinp + in_off + F, du);
+        if (out != nullptr) store_from_float<VEC>(out + idx, o);
+        if constexpr (AMAX) dinp_amax = swiglu_stored_amax<VEC>(du, swiglu_stored_amax<VEC>(dg, dinp_amax));
+    }
+    if constexpr (AMAX) block_commit_amax(amax_bits, dinp_amax);
 }
 
 inline bool swiglu_vec_ok(int F, const void* a, const void* b, const void* c = nullptr) {
     return F % VEC16 == 0 && (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
 }
 
-// out (N, F) = silu(inp[:, :F]) * inp[:, F:]. Overwrites out.
-inline void swiglu_forward(floatX* out, const floatX* inp, int N, int F, cudaStream_t stream) {
+constexpr int SWIGLU_BLOCK = 256;
+// Blocks for `threads` threads: one each, or with an amax at most 8 per SM of an H100 (132 SMs), striding.
+inline unsigned swiglu_grid(size_t threads, bool amax) {
+    size_t blocks = ceil_div<size_t>(threads, SWIGLU_BLOCK);
+    return (unsigned)(amax ? std::min<size_t>(blocks, 8 * 132) : blocks);
+}
+
+// out (N, F) = silu(inp[:, :F]) * inp[:, F:]. Overwrites out. out_amax: nullptr, or a float that becomes
+// max(itself, max |out|) (zero it first for out's amax alone).
+inline void swiglu_forward(floatX* out, const floatX* inp, int N, int F, cudaStream_t stream,
+                           float* out_amax = nullptr) {
     if (N <= 0 || F <= 0) return;
-    const int block = 256;
     size_t elems = (size_t)N * F;
-    if (swiglu_vec_ok(F, out, inp)) {
-        swiglu_forward_kernel<VEC16>
-            <<<(unsigned)ceil_div<size_t>(elems / VEC16, block), block, 0, stream>>>(out, inp, N, F);
-    } else {
-        swiglu_forward_kernel<1><<<(unsigned)ceil_div<size_t>(elems, block), block, 0, stream>>>(out, inp, N, F);
-    }
+    unsigned int* bits = reinterpret_cast<unsigned int*>(out_amax);
+    const bool vec = swiglu_vec_ok(F, out, inp), amax = out_amax != nullptr;
+    const unsigned grid = swiglu_grid(vec ? elems / VEC16 : elems, amax);
+    if (vec && amax) swiglu_forward_kernel<VEC16, true><<<grid, SWIGLU_BLOCK, 0, stream>>>(out, bits, inp, N, F);
+    else if (vec) swiglu_forward_kernel<VEC16, false><<<grid, SWIGLU_BLOCK, 0, stream>>>(out, bits, inp, N, F);
+    else if (amax) swiglu_forward_kernel<1, true><<<grid, SWIGLU_BLOCK, 0, stream>>>(out, bits, inp, N, F);
+    else swiglu_forward_kernel<1, false><<<grid, SWIGLU_BLOCK, 0, stream>>>(out, bits, inp, N, F);
     cudaCheckLaunch();
 }
 
 // dinp (N, 2F) = [dgate | dup]. Overwrites dinp (must not alias dout or inp). out: nullptr, or (N, F) overwritten
-// with the forward's output (recomputed).
+// with the forward's output (recomputed). dinp_amax: nullptr, or a float that becomes max(itself, max |dinp|).
 inline void swiglu_backward(floatX* dinp, floatX* out, const floatX* dout, const floatX* inp, int N, int F,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, float* dinp_amax = nullptr) {
     if (N <= 0 || F <= 0) return;
-    const int block = 256;
     size_t elems = (size_t)N * F;
-    if (swiglu_vec_ok(F, dinp, dout, inp) && swiglu_vec_ok(F, out, dinp)) {
-        swiglu_backward_kernel<VEC16>
-            <<<(unsigned)ceil_div<size_t>(elems / VEC16, block), block, 0, stream>>>(dinp, out, dout, inp, N, F);
+    unsigned int* bits = reinterpret_cast<unsigned int*>(dinp_amax);
+    const bool vec = swiglu_vec_ok(F, dinp, dout, inp) && swiglu_vec_ok(F, out, dinp), amax = dinp_amax != nullptr;
+    const unsigned grid = swiglu_grid(vec ? elems / VEC16 : elems, amax);
+    if (vec && amax) {
+        swiglu_backward_kernel<VEC16, true><<<grid, SWIGLU_BLOCK, 0, stream>>>(dinp, out, bits, dout, inp, N, F);
+    } else if (vec) {
+        swiglu_backward_kernel<VEC16, false><<<grid, SWIGLU_BLOCK, 0, stream>>>(dinp, out, bits, dout, inp, N, F);
+    } else if (amax) {
+        swiglu_backward_kernel<1, true><<<grid, SWIGLU_BLOCK, 0, stream>>>(dinp, out, bits, dout, inp, N, F);
     } else {
-        swiglu_backward_kernel<1>
-            <<<(unsigned)ceil_div<size_t>(elems, block), block, 0, stream>>>(dinp, out, dout, inp, N, F);
+        swiglu_backward_kernel<1, false><<<grid, SWIGLU_BLOCK, 0, stream>>>(dinp, out, bits, dout, inp, N, F);
     }
     cudaCheckLaunch();
 }

@@ -146,6 +146,31 @@ inline bool validate_bitwise(const char* name, const T* d_a, const T* d_b, size_
     return ok;
 }
 
+// The amax a kernel takes of what it writes, for FP8 scaling (llmc/cuda_common.h's block_commit_amax): bit for bit
+// the float whose bits are the largest |x| bits of the n values at d_x (as the kernel wrote them), or of those and
+// `start`, the value the amax held before the kernel ran.
+template <typename T>
+inline bool validate_amax(const char* name, const float* d_amax, const T* d_x, size_t n, float start = 0.0f) {
+    std::vector<T> x(n);
+    float got;
+    cudaCheck(cudaMemcpy(x.data(), d_x, n * sizeof(T), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(&got, d_amax, sizeof(float), cudaMemcpyDeviceToHost));
+    uint32_t bits, want;
+    memcpy(&want, &start, sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        float v = (float)x[i];
+        memcpy(&bits, &v, sizeof(float));
+        want = std::max(want, bits & 0x7FFFFFFFu);
+    }
+    memcpy(&bits, &got, sizeof(float));
+    bool ok = bits == want;
+    float want_value;
+    memcpy(&want_value, &want, sizeof(float));
+    printf("  %-28s amax %.9g  expected %.9g  %s\n", name, got, want_value, ok ? "OK" : "FAIL");
+    if (!ok) g_failures++;
+    return ok;
+}
+
 // Prints one timing line: time and effective bandwidth from the bytes the kernel must move (read + written).
 inline void report_bandwidth(const char* name, float ms, double bytes) {
     printf("  %-28s %8.4f ms  %8.1f GB/s\n", name, ms, bytes / (ms * 1e-3) / 1e9);

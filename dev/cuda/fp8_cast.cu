@@ -12,6 +12,8 @@
 //      values grew), so that values pass the FP8 maximum and saturate; special values (inf, NaN, the formats'
 //      rounding and saturation boundaries) with s = 1; all zeros; all bf16 subnormals (s at its 2^126 bound).
 //   2. shapes: 1 x 1, odd sizes (scalar paths), 16-multiples with partial 64 x 64 tiles, a misaligned view.
+//   3. the amax of four tensors in one launch (fp8_amax_accumulate, the trainer's per-layer weights), into amaxes
+//      that keep a larger earlier value.
 // Timing at the Llama 3.2 1B's shapes (16384 tokens x 2048 activations, the 8192 x 2048 w2 weight as (F, C) and
 // as (C, F)), GB/s against the H100's 3350 GB/s, counting the bytes read and written once; each launch on its own
 // copy of the data (no L2 hits).
@@ -169,6 +171,47 @@ static void test_case(int rows, int cols, Input kind, __nv_fp8_interpretation_t 
     cudaCheck(cudaFree(d_buffer));
 }
 
+// fp8_amax_accumulate: four tensors of different sizes and alignments in one launch (a layer's weights), each into
+// its own amax, which keeps a larger value it held before (the trainer's slots are maxed into, zeroed per step).
+static void test_amax_batch(uint64_t seed) {
+    printf("amax of 4 tensors in one launch\n");
+    const size_t sizes[] = {37 * 100, 4096 * 1024, 16, 64 * 200};
+    const float starts[] = {0.0f, 0.0f, 1e30f, 0.0f};
+    std::vector<std::vector<float>> x;
+    std::vector<floatX*> d_x;
+    for (int i = 0; i < 4; i++) {
+        x.push_back(make_input(sizes[i], i == 3 ? Input::SPECIAL : Input::SPREAD, seed + i));
+        d_x.push_back(device_from_host<floatX>(x.back()));
+    }
+    DeviceBuffer<float> d_amax(4 * 4);  // 16 bytes apart, as separate slots
+    float* amax[4];
+    for (int i = 0; i < 4; i++) {
+        amax[i] = d_amax.ptr + 4 * i;
+        cudaCheck(cudaMemcpy(amax[i], &starts[i], sizeof(float), cudaMemcpyHostToDevice));
+    }
+    fp8_amax_accumulate(amax, d_x.data(), sizes, 4, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    for (int i = 0; i < 4; i++) {
+        x[i].push_back(starts[i]);
+        validate_float_bits("batched amax", float_from_device(amax[i]), cpu_amax(x[i]));
+        cudaCheck(cudaFree(d_x[i]));
+    }
+    // the vector path needs every tensor aligned with n % VEC16 == 0: one odd tensor sends all four to the scalar one
+    std::vector<float> odd = make_input(101, Input::SPREAD, seed + 9);
+    floatX* d_odd = device_from_host<floatX>(odd);
+    std::vector<float> big = make_input(4096, Input::SPREAD, seed + 10);
+    floatX* d_big = device_from_host<floatX>(big);
+    const floatX* both[] = {d_odd, d_big};
+    const size_t both_sizes[] = {odd.size(), big.size()};
+    cudaCheck(cudaMemset(d_amax.ptr, 0, 4 * 4 * sizeof(float)));
+    fp8_amax_accumulate(amax, both, both_sizes, 2, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    validate_float_bits("batched amax (scalar path)", float_from_device(amax[0]), cpu_amax(odd));
+    validate_float_bits("batched amax (scalar path)", float_from_device(amax[1]), cpu_amax(big));
+    cudaCheck(cudaFree(d_odd));
+    cudaCheck(cudaFree(d_big));
+}
+
 // ------------------------------------------------------------------------------------------------ timing
 
 constexpr double HBM_GB_PER_S = 3350.0;  // H100 SXM
@@ -246,6 +289,7 @@ int main(int argc, char** argv) {
         test_case(32, 64, Input::SUBNORMALS, format, seed++);
         test_case(4096, 1024, Input::SPREAD, format, seed++);   // more than one pass of the amax grid
     }
+    test_amax_batch(seed);
 
     printf("timing (median of 50; bytes read and written once; %s input)\n", PRECISION_NAME);
     time_shape(16384, 2048, __NV_E4M3);  // activations: the 1B's residual width at 16384 tokens

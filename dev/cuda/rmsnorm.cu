@@ -373,7 +373,7 @@ template <bool FUSED>
 static void forward_version(int version, floatX* residual_out, floatX* out, float* rstd, const floatX* a,
                             const floatX* b, const floatX* weight, int N, int C, float eps) {
     if (version == 1) rmsnorm_forward_v1<FUSED>(residual_out, out, rstd, a, b, weight, N, C, eps);
-    else rmsnorm_forward_launch<FUSED>(residual_out, out, rstd, a, b, weight, N, C, eps, 0);
+    else rmsnorm_forward_launch<FUSED>(residual_out, out, rstd, nullptr, a, b, weight, N, C, eps, 0);
 }
 
 
@@ -496,6 +496,44 @@ static void test_case(int N, int C, uint64_t seed) {
         validate("backward dweight (overwritten)", host_from_device(d_dw, C), ref_dw_over);
         cudaCheck(cudaFree(d_dinp));
         cudaCheck(cudaFree(d_dw));
+    }
+
+    // the FP8 mode's amax outputs (llmc/rmsnorm.cuh, the newest versions): the same tensors written, and bit for bit
+    // the amax of out (forward) or of the updated dinp (backward); an amax that starts above stays
+    {
+        floatX* d_dinp0 = device_from_host<floatX>(dinp0);  // the residual gradient the backward adds to
+        floatX* d_dinp = device_from_host<floatX>(dinp0);
+        floatX *d_out2, *d_res2, *d_dinp2;
+        cudaCheck(cudaMalloc(&d_dinp2, NC * sizeof(floatX)));
+        floatX *d_dw, *d_bout;
+        float* d_amax;
+        cudaCheck(cudaMalloc(&d_out2, NC * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&d_res2, NC * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&d_dw, C * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&d_bout, NC * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&d_amax, sizeof(float)));
+        fused_residual_rmsnorm_forward(d_res, d_out, d_rstd, d_a, d_b, d_w, N, C, eps, 0);
+        rmsnorm_backward(d_dinp, d_dw, d_scratch, nullptr, d_dout, d_a, d_w, d_rstd, N, C, false, 0);
+        for (float start : {0.0f, 1e30f}) {
+            cudaCheck(cudaMemcpy(d_amax, &start, sizeof(float), cudaMemcpyHostToDevice));
+            poison(d_out2, NC * sizeof(floatX));
+            poison(d_res2, NC * sizeof(floatX));
+            fused_residual_rmsnorm_forward(d_res2, d_out2, d_rstd, d_a, d_b, d_w, N, C, eps, 0, d_amax);
+            validate_bitwise("fused with amax: out", d_out2, d_out, NC);
+            validate_bitwise("fused with amax: residual", d_res2, d_res, NC);
+            validate_amax("fused forward amax", d_amax, d_out2, NC, start);
+            // with out (the recompute) and without: both templates
+            for (floatX* bout : {(floatX*)nullptr, d_bout}) {
+                cudaCheck(cudaMemcpy(d_dinp2, d_dinp0, NC * sizeof(floatX), cudaMemcpyDeviceToDevice));
+                cudaCheck(cudaMemcpy(d_amax, &start, sizeof(float), cudaMemcpyHostToDevice));
+                rmsnorm_backward(d_dinp2, d_dw, d_scratch, bout, d_dout, d_a, d_w, d_rstd, N, C, false, 0, d_amax);
+                validate_bitwise("backward with amax: dinp", d_dinp2, d_dinp, NC);
+                validate_amax("backward amax (dinp)", d_amax, d_dinp2, NC, start);
+            }
+        }
+        for (void* p : {(void*)d_out2, (void*)d_res2, (void*)d_dinp0, (void*)d_dinp, (void*)d_dinp2, (void*)d_dw,
+                        (void*)d_bout, (void*)d_amax})
+            cudaCheck(cudaFree(p));
     }
 
     for (void* p : {(void*)d_a, (void*)d_b, (void*)d_w, (void*)d_dout, (void*)d_out, (void*)d_res, (void*)d_rstd,

@@ -3,6 +3,8 @@
 //   inp (N, 2F) = [gate | up],  out (N, F) = silu(gate) * up
 //   dinp = [dout * up * silu'(gate) | dout * silu(gate)],  silu'(g) = s (1 + g (1 - s)), s = sigmoid(g)
 //   the backward optionally writes out again (the trainer's recompute): checked bit for bit against the forward.
+//   Both optionally take the amax of what they write (out, dinp) for the FP8 mode: checked bit for bit, with the
+//   tensors unchanged.
 //
 // version 1 = llmc/swiglu.cuh. F = 72 and 8192 take the 16-byte path in both precisions, F = 100 only in fp32, F = 50
 // never. Inputs are scaled by 4 so the gate reaches the saturated ends of the sigmoid.
@@ -41,6 +43,25 @@ static void test_case(int N, int F, uint64_t seed) {
     swiglu_backward(d_dinp2, d_out2, d_dout, d_inp, N, F, 0);
     validate_bitwise("backward + recompute: out", d_out2, d_out, NF);
     validate_bitwise("backward + recompute: dinp", d_dinp2, d_dinp, 2 * NF);
+    // the FP8 mode's amax outputs: the same tensors written, and bit for bit the amax of them; an amax that starts
+    // above the tensor's (an earlier part's) stays
+    float* d_amax;
+    cudaCheck(cudaMalloc(&d_amax, sizeof(float)));
+    for (float start : {0.0f, 1e30f}) {
+        cudaCheck(cudaMemcpy(d_amax, &start, sizeof(float), cudaMemcpyHostToDevice));
+        poison(d_out2, NF * sizeof(floatX));
+        swiglu_forward(d_out2, d_inp, N, F, 0, d_amax);
+        validate_bitwise("forward with amax: out", d_out2, d_out, NF);
+        validate_amax("forward amax", d_amax, d_out2, NF, start);
+        cudaCheck(cudaMemcpy(d_amax, &start, sizeof(float), cudaMemcpyHostToDevice));
+        poison(d_out2, NF * sizeof(floatX));
+        poison(d_dinp2, 2 * NF * sizeof(floatX));
+        swiglu_backward(d_dinp2, d_out2, d_dout, d_inp, N, F, 0, d_amax);
+        validate_bitwise("backward with amax: dinp", d_dinp2, d_dinp, 2 * NF);
+        validate_bitwise("backward with amax: out", d_out2, d_out, NF);
+        validate_amax("backward amax (dinp)", d_amax, d_dinp2, 2 * NF, start);
+    }
+    cudaCheck(cudaFree(d_amax));
     cudaCheck(cudaFree(d_out2));
     cudaCheck(cudaFree(d_dinp2));
 
@@ -74,6 +95,13 @@ int main(int argc, char** argv) {
     report_bandwidth("backward", ms, 5.0 * NF * sizeof(floatX));
     ms = benchmark_ms(20, [&] { swiglu_backward(d_dinp, d_out, d_dout, d_inp, N, F, 0); });
     report_bandwidth("backward + recompute out", ms, 6.0 * NF * sizeof(floatX));
+    float* d_amax;
+    cudaCheck(cudaMalloc(&d_amax, sizeof(float)));
+    ms = benchmark_ms(20, [&] { swiglu_forward(d_out, d_inp, N, F, 0, d_amax); });
+    report_bandwidth("forward + amax", ms, 3.0 * NF * sizeof(floatX));
+    ms = benchmark_ms(20, [&] { swiglu_backward(d_dinp, d_out, d_dout, d_inp, N, F, 0, d_amax); });
+    report_bandwidth("backward + out + amax", ms, 6.0 * NF * sizeof(floatX));
+    cudaCheck(cudaFree(d_amax));
     cudaCheck(cudaFree(d_inp));
     cudaCheck(cudaFree(d_dout));
     cudaCheck(cudaFree(d_out));

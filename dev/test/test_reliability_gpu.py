@@ -420,8 +420,8 @@ def val_loss_before_training(stdout):
 
 def test_fp8_loss_within_bound_of_bf16(d2_runs):
     bf16_out, fp8_out = d2_runs["bf16"][0], d2_runs["fp8"][0]
-    assert "layers' matmuls fp8" in fp8_out and "FP8 scratch" in fp8_out, fp8_out
-    assert "layers' matmuls fp8" not in bf16_out and "FP8 scratch" not in bf16_out, bf16_out
+    assert "layers' matmuls fp8" in fp8_out and "FP8 copies" in fp8_out, fp8_out
+    assert "layers' matmuls fp8" not in bf16_out and "FP8 copies" not in bf16_out, bf16_out
     bf16 = [float(loss) for _, loss, _ in step_lines(bf16_out)]
     fp8 = [float(loss) for _, loss, _ in step_lines(fp8_out)]
     assert len(bf16) == len(fp8) == STEPS and all(map(math.isfinite, bf16 + fp8)), (bf16, fp8)
