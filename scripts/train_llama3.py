@@ -99,6 +99,10 @@ NAMED_CONFIGS = {
     "test-tied": Llama3Config(vocab_size=211, dim=32, n_layers=2, n_heads=4, n_kv_heads=1, ffn_hidden=72,
                               max_seq_len=64, tied_embeddings=1, use_rope_scaling=1, rope_original_max_seq_len=32,
                               rope_theta=10000.0, rope_scaling_factor=32.0),
+    # test-gqa with ffn_hidden 96: every width of the layers' four products a multiple of 16, as the trainer's FP8
+    # mode (-M fp8) needs (test-gqa's 88 is not)
+    "test-fp8": Llama3Config(vocab_size=259, dim=48, n_layers=2, n_heads=6, n_kv_heads=2, ffn_hidden=96,
+                             max_seq_len=64, tied_embeddings=0),
     # head dim 128 (the 3B and 8B attention path) with as many kv heads as query heads (no GQA)
     "test-mha": Llama3Config(vocab_size=300, dim=256, n_layers=2, n_heads=2, n_kv_heads=2, ffn_hidden=344,
                              max_seq_len=128, tied_embeddings=0),

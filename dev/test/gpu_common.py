@@ -25,6 +25,24 @@ def gpu_count():
 requires_gpu = pytest.mark.skipif(gpu_count() == 0, reason="no GPU on this machine")
 
 
+def compute_capability():
+    """The first GPU's compute capability as "major.minor", or None where nvidia-smi names none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = out.stdout.split()
+    return lines[0] if out.returncode == 0 and lines else None
+
+
+# -M fp8 runs on FP8 tensor cores: compute capability 8.9 (Ada) or later. Without a GPU requires_gpu skips first.
+_capability = compute_capability()
+requires_fp8_tensor_cores = pytest.mark.skipif(
+    _capability is not None and tuple(map(int, _capability.split("."))) < (8, 9),
+    reason=f"-M fp8 needs FP8 tensor cores (compute capability 8.9 or later), this GPU's is {_capability}")
+
+
 def skip_without_torch():
     """For fixtures that run scripts/train_llama3.py: skips the tests that use them where PyTorch is missing."""
     if importlib.util.find_spec("torch") is None:

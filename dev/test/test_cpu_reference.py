@@ -31,7 +31,7 @@ def fixture(name):
     return os.path.join(FIXTURES, f"{name}_model.bin"), os.path.join(FIXTURES, f"{name}_debug.bin")
 
 
-@pytest.mark.parametrize("name", ["gqa", "tied"])
+@pytest.mark.parametrize("name", ["gqa", "tied", "fp8"])
 def test_fixture_ties_out(name):
     model, debug = fixture(name)
     result = run_reference(model, debug)

@@ -4,6 +4,8 @@ The scripts' side of the FP8 mode and of the convergence test, on the CPU:
     the products and which format each backward product takes), the FP8 debug state, the batch order against the
     trainer's loader (dev/test/test_dataloader, built by `make`), the lr schedule, the val loss and log lines, and the
     flag checks (torchao float8 refused on a CPU). These need PyTorch and are skipped without it.
+  - the FP8 tie-out's committed fixture (dev/fixtures/fp8_*, no PyTorch needed): a case the FP8 mode takes, with
+    PyTorch's FP8 errors past the bf16 bounds, which test_llama3cu -M fp8 must fail against.
   - scripts/convergence.py: presets, the commands of the variants (the same hyperparameters and data for all), the
     criteria, and a report from fake logs (no training, no PyTorch).
   - scripts/bench_vs_pytorch.py: the FP8 options and the FP8 table (no PyTorch).
@@ -15,6 +17,7 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -190,24 +193,64 @@ def test_fp8_emulation_swaps_the_four_linears(ref):
     assert ((fp8_logits.float() - bf16_logits.float()).norm() / bf16_logits.float().norm()).item() < 0.1
 
 
+# The FP8 tie-out's fixture (dev/fixtures/make_fixtures.sh): test-fp8 on 2 x 16 tokens, its debug state with the
+# errors of PyTorch's FP8 emulation (fp8_debug.bin) and with bf16 autocast's (fp8_debug_bf16_errors.bin). The bound
+# that test_llama3.cu's BF16 build puts on a measure is BF16_MULTIPLE times the error section's value plus BF16_FLOOR.
+FIXTURES = Path(ROOT, "dev", "fixtures")
+TENSORS = ["tok_embedding", "attn_norm", "wqkv", "wo", "ffn_norm", "w13", "w2", "final_norm", "lm_head"]  # untied
+BF16_MULTIPLE, BF16_FLOOR = 4.0, 2.0**-9
+FP8_FIXTURE_CASE = ["--config", "test-fp8", "-B", "2", "-T", "16", "--lr", "3e-4", "--seed", "1337", "--device", "cpu"]
+
+
+def first_step_errors(fp8_debug, plain_debug):
+    """{measure: (FP8 emulation error, bf16 autocast error)} of the logits and every gradient tensor (max_rel and
+    rel_norm), from two debug states of one case that differ in nothing but their error sections."""
+    fp8, plain = fp8_debug.read_bytes(), plain_debug.read_bytes()
+    steps = int(np.frombuffer(fp8[:256], dtype="<i4")[5])
+    n_errors = 3 + 2 * len(TENSORS) + 2 * steps  # logits (2), loss, each tensor (2), each step (loss, norm)
+    assert len(fp8) == len(plain) and fp8[:-4 * n_errors] == plain[:-4 * n_errors] and fp8 != plain
+    e8, e16 = (np.frombuffer(b[-4 * n_errors:], dtype="<f4") for b in (fp8, plain))
+    assert np.isfinite(e8).all() and np.isfinite(e16).all()
+    names = ["logits"] + ["d" + t for t in TENSORS]
+    at = [0] + [3 + 2 * k for k in range(len(TENSORS))]
+    return {f"{name} {what}": (float(e8[i + j]), float(e16[i + j]))
+            for name, i in zip(names, at) for j, what in enumerate(("max_rel", "rel_norm"))}
+
+
+def assert_fp8_errors_past_bf16_bounds(errors):
+    """PyTorch's FP8 errors exceed the bf16 bounds on the logits and on the gradients of the four FP8 products'
+    weights (e4m3 is much coarser than bf16): the FP8 mode tied out against the bf16 errors must fail there
+    (dev/test/test_gpu.py runs it)."""
+    for name in ("logits", "dwqkv", "dwo", "dw13", "dw2"):
+        for what in ("max_rel", "rel_norm"):
+            fp8, bf16 = errors[f"{name} {what}"]
+            assert fp8 > BF16_MULTIPLE * bf16 + BF16_FLOOR, (name, what, fp8, bf16)
+
+
 @requires_torch
 def test_fp8_debug_state(tmp_path):
-    """--fp8 with --write_debug: the same fp32 reference byte for byte, the error section that of the FP8 recipe,
-    well above bf16 autocast's."""
-    model, plain, fp8 = tmp_path / "model.bin", tmp_path / "debug.bin", tmp_path / "fp8_debug.bin"
-    base = [sys.executable, TRAIN_LLAMA3, "--config", "test-gqa", "-B", "2", "-T", "13", "--steps", "3",
-            "--lr", "3e-3", "--device", "cpu"]
-    result = run(base + ["--write_model", model, "--write_debug", plain])
+    """make_fixtures.sh's fp8 commands (3 steps instead of 10): --fp8 with --write_debug writes the same fp32
+    reference byte for byte, the error section that of the FP8 recipe, past the bf16 bounds."""
+    model, fp8, plain = tmp_path / "model.bin", tmp_path / "fp8_debug.bin", tmp_path / "debug.bin"
+    base = [sys.executable, TRAIN_LLAMA3, *FP8_FIXTURE_CASE, "--steps", "3"]
+    result = run(base + ["--write_model", model, "--fp8", "--write_debug", fp8])
     assert result.returncode == 0, result.stdout + result.stderr
-    result = run(base + ["--model", model, "--fp8", "--write_debug", fp8])
+    result = run(base + ["--model", model, "--write_debug", plain])
     assert result.returncode == 0, result.stdout + result.stderr
-    a, b = plain.read_bytes(), fp8.read_bytes()
-    n_errors = 3 + 2 * 9 + 2 * 3  # logits (2), loss, 9 gradient tensors (2 each), 3 steps (2 each)
-    assert len(a) == len(b) and a[:-4 * n_errors] == b[:-4 * n_errors] and a != b
-    bf16_err = np.frombuffer(a[-4 * n_errors:], dtype=np.float32)
-    fp8_err = np.frombuffer(b[-4 * n_errors:], dtype=np.float32)
-    assert np.isfinite(fp8_err).all()
-    assert fp8_err[1] > 2 * bf16_err[1], (fp8_err[:3], bf16_err[:3])  # logits rel_norm: e4m3 is much coarser
+    assert_fp8_errors_past_bf16_bounds(first_step_errors(fp8, plain))
+
+
+def test_fp8_fixture():
+    """The committed fixture: a case the FP8 mode takes (every width of the four products and B*T multiples of 16,
+    no mask), its two debug states one case, PyTorch's FP8 errors past the bf16 bounds."""
+    h = np.fromfile(FIXTURES / "fp8_model.bin", dtype="<i4", count=64)
+    C, H, KV, F, tied = int(h[4]), int(h[6]), int(h[7]), int(h[8]), int(h[10])
+    hd = C // H
+    assert tied == 0 and all(width % 16 == 0 for width in (C, (H + 2 * KV) * hd, H * hd, F)), h[:11]
+    d = np.fromfile(FIXTURES / "fp8_debug.bin", dtype="<i4", count=64)
+    assert d[2] * d[3] % 16 == 0 and d[6] == 0 and d[7] == 1, d[:8]
+    assert_fp8_errors_past_bf16_bounds(first_step_errors(FIXTURES / "fp8_debug.bin",
+                                                         FIXTURES / "fp8_debug_bf16_errors.bin"))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ with scripts/train_llama3.py (PyTorch with CUDA) for:
   - llama3.2-1B at depth 2 (the real widths: dim 2048, 32 heads, 8 kv heads, vocab 128256, tied, RoPE scaling x32)
   - llama3.2-3B at depth 2 (head dim 128 at the real widths: dim 3072, 24 heads, 8 kv heads)
 The FP32 build is held to fixed bounds, the BF16 build to a multiple of PyTorch's own bf16 autocast error on the same
-case (test_llama3.cu says which).
+case (test_llama3.cu says which). The FP8 mode (test_llama3cu -M fp8) is held to the same multiple of PyTorch's
+emulation of the FP8 recipe (scripts/train_llama3.py --fp8), on the committed test-fp8 fixture (dev/fixtures) and on
+llama3.2-1B at depth 2, and must fail against bf16 autocast's error; skipped on GPUs without FP8 tensor cores.
 """
 
 import os
@@ -20,7 +22,7 @@ import sys
 
 import numpy as np
 import pytest
-from gpu_common import build_binaries, requires_gpu, skip_without_torch
+from gpu_common import build_binaries, requires_fp8_tensor_cores, requires_gpu, skip_without_torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -78,6 +80,82 @@ def test_tie_out_with_recompute(build, debug_states, precision):
     print(result.stdout)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all checks passed" in result.stdout
+
+
+# The FP8 mode (-M fp8). Its products need every width and token count a multiple of 16, which test-gqa, test-tied
+# and test-mha (F = 88, 72, 344) are not: test-fp8 is test-gqa with F = 96, committed in dev/fixtures
+# (make_fixtures.sh) with its debug state twice, once with the error section of PyTorch's FP8 emulation and once with
+# bf16 autocast's; llama3.2-1B-d2 has the real widths, and its FP8 debug state is written here. The FP8 cases train at
+# lr 3e-4 or below, where the steps' errors come from rounding more than from chance (test_llama3.cu).
+FIXTURES = os.path.join(ROOT, "dev", "fixtures")
+FP8_MODEL = os.path.join(FIXTURES, "fp8_model.bin")
+FP8_DEBUG = os.path.join(FIXTURES, "fp8_debug.bin")
+FP8_DEBUG_BF16_ERRORS = os.path.join(FIXTURES, "fp8_debug_bf16_errors.bin")
+FP8_DEBUG_CASES = {"llama3.2-1B-d2": DEBUG_CASES["llama3.2-1B-d2"]}
+FP8_PRODUCT_GRADS = ("dwqkv", "dwo", "dw13", "dw2")
+
+
+@pytest.fixture(scope="module")
+def tie_out_build(tmp_path_factory):
+    """test_llama3cu alone in both precisions, {'FP32': path, 'BF16': path}: `-k fp8_tie_out` builds two binaries,
+    not build's four."""
+    bins = build_binaries(str(tmp_path_factory.mktemp("tie_out_bin")), targets=("test",))
+    return {precision: b["test"] for precision, b in bins.items()}
+
+
+@pytest.fixture(scope="module")
+def fp8_debug_states(tmp_path_factory):
+    skip_without_torch()
+    out = tmp_path_factory.mktemp("fp8_debug")
+    states = {}
+    for name, args in FP8_DEBUG_CASES.items():
+        model, debug = out / f"{name}_model.bin", out / f"{name}_fp8_debug.bin"
+        result = run([sys.executable, "scripts/train_llama3.py", *args, "--steps", "10", "--device", "cuda",
+                      "--write_model", str(model), "--fp8", "--write_debug", str(debug)])
+        assert result.returncode == 0, result.stdout + result.stderr
+        states[name] = (str(model), str(debug))
+    return states
+
+
+def fp8_tie_out(binary, model, debug, *extra):
+    result = run([binary, "-M", "fp8", model, debug, *extra])
+    print(result.stdout)
+    return result
+
+
+@requires_fp8_tensor_cores
+@pytest.mark.parametrize("recompute", ["0", "1", "2"])
+def test_fp8_tie_out_fixture(tie_out_build, recompute):
+    result = fp8_tie_out(tie_out_build["BF16"], FP8_MODEL, FP8_DEBUG, recompute)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "layers' matmuls fp8" in result.stdout and "all checks passed" in result.stdout
+
+
+@requires_fp8_tensor_cores
+@pytest.mark.parametrize("case", sorted(FP8_DEBUG_CASES))
+def test_fp8_tie_out(tie_out_build, fp8_debug_states, case):
+    result = fp8_tie_out(tie_out_build["BF16"], *fp8_debug_states[case])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "layers' matmuls fp8" in result.stdout and "all checks passed" in result.stdout
+
+
+@requires_fp8_tensor_cores
+def test_fp8_tie_out_fails_against_bf16_errors(tie_out_build):
+    """The bounds tell FP8 error from bf16's: against the same case's bf16 autocast errors the FP8 mode fails, on
+    the gradients of the FP8 products' weights at least (PyTorch's FP8 ones are about 3-4 times those bounds:
+    test_fp8_scripts.py checks the fixture for it), while the bf16 mode passes."""
+    result = fp8_tie_out(tie_out_build["BF16"], FP8_MODEL, FP8_DEBUG_BF16_ERRORS)
+    assert result.returncode == 1 and "FAILED:" in result.stdout, result.stdout + result.stderr
+    failed = [line.split()[0] for line in result.stdout.splitlines() if line.endswith("FAIL")]
+    assert set(FP8_PRODUCT_GRADS) & set(failed), result.stdout
+    result = run([tie_out_build["BF16"], FP8_MODEL, FP8_DEBUG_BF16_ERRORS])
+    assert result.returncode == 0 and "all checks passed" in result.stdout, result.stdout + result.stderr
+
+
+def test_fp8_tie_out_refused_by_fp32_build(tie_out_build):
+    result = run([tie_out_build["FP32"], "-M", "fp8", FP8_MODEL, FP8_DEBUG])
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "-M fp8" in result.stderr and "BF16 build" in result.stderr, result.stderr
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ message naming the problem (the flag, the file, the tensor).
   - the CPU reference (dev/cpu/test_llama3_cpu) loading checkpoints that hold NaN or Inf;
   - the trainer's own checks, which all run on the host before the GPU is touched: ./train_llama3cu (built by
     `make train_llama3cu`, as .ci/run does) runs them on a machine without a GPU too, where a command that passes
-    them stops at "no CUDA GPU available". Skipped when the binary is missing or older than its sources.
+    them stops at "no CUDA GPU available". Skipped when the binary is missing or older than its sources. The same
+    for the tie-out's -M fp8 checks (./test_llama3cu, make test_llama3cu).
 
 The GPU side (crashes, NaN runs, resume, write errors during training) is dev/test/test_reliability_gpu.py.
 """
@@ -505,6 +506,54 @@ def test_trainer_fp8_mode_checks(data, tmp_path, precision):
     assert passes_host_checks(run(base_cmd(data, tmp_path / "run", *d2))), result.stderr
     assert_refused_on_host(run(base_cmd(data, tmp_path / "run2", *d2, "-t", 31)), "-M fp8", "-b x -t is 124")
     assert passes_host_checks(run(base_cmd(data, tmp_path / "run3", "-M", "bf16")))
+
+
+# The tie-out's own checks (./test_llama3cu, built by `make test_llama3cu`) run on the host too, before the GPU.
+TIE_OUT = ROOT / "test_llama3cu"
+FP8_MODEL = ROOT / "dev" / "fixtures" / "fp8_model.bin"  # test-fp8: test-gqa with F=96
+FP8_DEBUG = ROOT / "dev" / "fixtures" / "fp8_debug.bin"  # B=2 T=16
+
+
+def tie_out():
+    if not TIE_OUT.exists():
+        pytest.skip(f"{TIE_OUT} not built (make test_llama3cu)")
+    sources = [ROOT / "test_llama3.cu", ROOT / "train_llama3.cu", *glob.glob(str(ROOT / "llmc" / "*.h")),
+               *glob.glob(str(ROOT / "llmc" / "*.cuh"))]
+    if TIE_OUT.stat().st_mtime < max(os.path.getmtime(s) for s in sources):
+        pytest.skip(f"{TIE_OUT} is older than its sources (make test_llama3cu)")
+    return TIE_OUT
+
+
+def zero_debug_state(path, model, B, T):
+    """A debug state for `model` (an untied fp32 checkpoint of ours) of B x T tokens of id 0, one step, every
+    reference value and error zero: enough for the tie-out's host checks."""
+    h = np.fromfile(model, dtype="<i4", count=64)
+    vocab, n_params = int(h[3]), (model.stat().st_size - 256) // 4
+    header = np.zeros(64, dtype="<i4")
+    header[:8] = [20261122, 1, B, T, vocab, 1, 0, 1]  # magic, version, B, T, V, steps, masked, reference errors
+    floats = B * T * vocab + 1 + n_params + 2 + (3 + 2 * len(GQA_TENSORS) + 2)
+    path.write_bytes(header.tobytes() + np.zeros(2 * B * T, dtype="<i4").tobytes() +
+                     np.zeros(floats, dtype="<f4").tobytes())
+    return path
+
+
+def test_tie_out_fp8_checks(tmp_path):
+    """test_llama3cu -M fp8: refused by the FP32 build; in the BF16 build every product's token count must be a
+    multiple of 16 (the gqa fixture has 26 tokens, its masked state accumulates rows of 13) and so must the model's
+    widths (the gqa fixture's F = 88, on a state of 32 tokens); the fp8 fixture passes."""
+    binary = tie_out()
+    result = run([binary, "-M", "fp8", FP8_MODEL, FP8_DEBUG])
+    if "this build: fp32" in run([binary]).stderr:
+        assert_refused_on_host(result, "-M fp8", "BF16 build")
+        return
+    assert passes_host_checks(result), result.stdout + result.stderr
+    assert_refused_on_host(run([binary, "-M", "fp4", FP8_MODEL, FP8_DEBUG]), "-M", "'fp4'", "not bf16 or fp8")
+    assert_refused_on_host(run([binary, "-M", "fp8", GQA, GQA_DEBUG]), "-M fp8", f"'{GQA_DEBUG}'", "multiple of 16",
+                           "has 26")
+    masked = ROOT / "dev" / "fixtures" / "gqa_masked_debug.bin"
+    assert_refused_on_host(run([binary, "-M", "fp8", GQA, masked]), f"'{masked}'", "a row at a time", "has 13")
+    state = zero_debug_state(tmp_path / "gqa_32_tokens.bin", GQA, 2, 16)
+    assert_refused_on_host(run([binary, "-M", "fp8", GQA, state]), f"'{GQA}'", "ffn_hidden F is 88")
 
 
 def test_trainer_sample_length_must_fit(data, tmp_path):
