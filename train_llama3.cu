@@ -233,7 +233,7 @@ struct Optimizer {
     void load(const StateSource& source, const Llama3Config& c) {
         std::vector<float> host(count);
         for (int which = master.ptr ? 0 : 1; which <= 2; which++) {
-            read_state_array(source, master.ptr ? which : which - 1, host.data());
+            read_state_array(source, master.ptr ? which : which - 1, &host);
             check_state_finite(host, c, which, source.name().c_str(), "cannot resume from");
             from_host(which, host);
         }

@@ -9,7 +9,12 @@
 // a rank reads one of them.
 #pragma once
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -86,14 +91,20 @@ inline std::string plan_state_load(const std::string& dir, const Llama3Config& c
 }
 
 // Reads array `array` of the checkpoint's files (0-based in file order: the master weights if present, m, v) for
-// this rank into `values` (its optimizer elements, fp32).
-inline void read_state_array(const StateSource& s, int array, float* values) {
+// this rank into `values` (its optimizer elements, fp32), which the ranges must fill exactly.
+inline void read_state_array(const StateSource& s, int array, std::vector<float>* values) {
+    size_t filled = s.ranges.empty() ? 0 : s.ranges.back().dst + s.ranges.back().count;
+    if (filled != values->size()) {
+        fprintf(stderr, "Error: resuming from %s: its ranges hold %zu optimizer elements, this rank keeps %zu\n",
+                s.name().c_str(), filled, values->size());
+        fail_exit();
+    }
     std::vector<FILE*> files(s.paths.size(), nullptr);
     for (const StateRange& r : s.ranges) {
         FILE*& fp = files[r.rank];
         if (fp == nullptr) fp = fopenCheck(s.paths[r.rank].c_str(), "rb");
         fseekCheck(fp, STATE_HEADER_BYTES + ((int64_t)array * (int64_t)s.writer_count + (int64_t)r.src) * 4, SEEK_SET);
-        freadCheck(values + r.dst, sizeof(float), r.count, fp, s.paths[r.rank].c_str());
+        freadCheck(values->data() + r.dst, sizeof(float), r.count, fp, s.paths[r.rank].c_str());
     }
     for (FILE* fp : files) {
         if (fp != nullptr) fcloseCheck(fp);

@@ -99,14 +99,15 @@ struct StateRange {
 inline std::string reshard_ranges(const Llama3Config& c, StateLayout writer, StateLayout reader, int rank,
                                   std::vector<StateRange>* out) {
     const char* names[2] = {"the checkpoint's layout", "this run's layout"};
+    const char* remedies[2] = {" (corrupt)", "; use -Z 0"};
     StateLayout layouts[2] = {writer, reader};
     for (int i = 0; i < 2; i++) {
         ShardLayout split;
         std::string why;
         if (layouts[i].sharded() && !make_shard_layout(c, layouts[i].world, 0, &split, &why)) {
             char buf[320];
-            snprintf(buf, sizeof(buf), "%s (%d GPU(s), ZeRO stage %d) cannot split this model: %s", names[i],
-                     layouts[i].world, layouts[i].stage, why.c_str());
+            snprintf(buf, sizeof(buf), "%s (%d GPU(s), ZeRO stage %d) cannot split this model: %s%s", names[i],
+                     layouts[i].world, layouts[i].stage, why.c_str(), remedies[i]);
             return buf;
         }
     }
