@@ -90,7 +90,7 @@ endif
 
 HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
 CPU_TARGETS = dev/cpu/test_llama3_cpu dev/test/test_dataloader dev/test/test_tokenizer dev/test/test_reliability \
-              dev/test/test_hf_model
+              dev/test/test_hf_model dev/test/test_reshard
 CUDA_TARGETS = train_llama3cu test_llama3cu
 
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)

@@ -13,9 +13,9 @@
 //
 // Several GPUs (mpirun -np N ./train_llama3cu ...): data parallel, one process per GPU, each rank a part of every
 // batch; gradients are summed over the ranks while the backward runs, and with -Z 1 or 2 each rank keeps only its
-// shard of the optimizer state (and with 2 of the gradients). llmc/multi_gpu.cuh has the processes, the collectives,
-// the shard layout and the gradients' buffers and reductions (Gradients); this file says when they happen.
-#include <sys/stat.h>
+// shard of the optimizer state (and with 2 of the gradients). llmc/multi_gpu.cuh has the processes, the collectives
+// and the gradients' buffers and reductions (Gradients), llmc/shard_layout.h the shard layout; this file says when
+// they happen.
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +29,7 @@
 #include "llmc/nonfinite.h"
 #include "llmc/run_dir.h"
 #include "llmc/state_file.h"
+#include "llmc/reshard.h"
 #include "llmc/hf_model.h"
 #include "llmc/cuda_common.h"
 #include "llmc/dataloader.h"
@@ -228,11 +229,13 @@ struct Optimizer {
             fwriteCheck(host.data(), sizeof(float), count, fp, "optimizer state");
         }
     }
-    void load(FILE* fp, const char* path, const Llama3Config& c) {
+    // From a checkpoint's state files, whatever their layout: this rank's elements, by the ranges of `source`
+    // (llmc/reshard.h).
+    void load(const StateSource& source, const Llama3Config& c) {
         std::vector<float> host(count);
         for (int which = master.ptr ? 0 : 1; which <= 2; which++) {
-            freadCheck(host.data(), sizeof(float), count, fp, "optimizer state");
-            check_state_finite(host, c, which, path, "cannot resume from");
+            read_state_array(source, master.ptr ? which : which - 1, &host);
+            check_state_finite(host, c, which, source.name().c_str(), "cannot resume from");
             from_host(which, host);
         }
     }
@@ -851,12 +854,8 @@ static int64_t count_targets(const int* targets, size_t n) {
 // All are written atomically, in this order: the other ranks' state files, then (once every rank has written its
 // own) rank 0's model file and last its state file. So a checkpoint exists, for resuming and for retention, only
 // when rank 0's state file does, and then every file of it is complete.
-
-// The exact size of a state file holding opt_count optimizer elements.
-static int64_t state_file_bytes(size_t opt_count, bool has_master) {
-    return (int64_t)STATE_HEADER_SLOTS * 4 + (int64_t)(has_master ? 3 : 2) * (int64_t)opt_count * 4 +
-           (int64_t)sizeof(DataLoaderState) + (int64_t)sizeof(uint64_t);
-}
+// A run resumes from a checkpoint written on any number of GPUs with any ZeRO stage: each rank reads its elements
+// of the optimizer state from the files that hold them (llmc/reshard.h).
 
 // The header of this run's state at `step`, for this rank (a sharded optimizer, stage 1 or 2, holds 1/ranks);
 // zero_stage is the run's effective stage (0 on one GPU).
@@ -875,26 +874,6 @@ static StateHeader state_header_for(const Llama3Config& c, int step, bool has_ma
     h.tokens_per_step = tokens_per_step;
     state_config_slots(c, h.config);
     return h;
-}
-
-// Checks a state file as strictly as a checkpoint: its exact size, its header, and that it is `expected` (this
-// run, this model and build, the step in its name). Exits with a message naming the file otherwise.
-static void check_state_file(const std::string& path, const StateHeader& expected) {
-    StateHeader found;
-    std::string err = read_state_header(path, &found);
-    if (err.empty()) err = state_header_mismatch(found, expected, path);
-    struct stat st;
-    int64_t want = state_file_bytes(expected.opt_count, expected.has_master);
-    if (err.empty() && (stat(path.c_str(), &st) != 0 || (int64_t)st.st_size != want)) {
-        char buf[400];
-        snprintf(buf, sizeof(buf), "training state '%s' is %lld bytes, but its header implies %lld (truncated or "
-                 "corrupt)", path.c_str(), (long long)st.st_size, (long long)want);
-        err = buf;
-    }
-    if (!err.empty()) {
-        fprintf(stderr, "Error: %s\n", err.c_str());
-        fail_exit();
-    }
 }
 
 static void write_state_file(const std::string& path, Llama3& model, int step, DataLoader& loader,
@@ -923,18 +902,19 @@ static void save_training_state(const std::string& dir, Llama3& model, int step,
     }
 }
 
-// Restores what save_training_state wrote, after checking the file (check_state_file). The model must already be
+// Restores what save_training_state wrote, from the files that plan_state_load checked. The model must already be
 // loaded from the matching model file: it holds the parameters bit for bit (in bf16 builds the stochastic rounding
-// of the master weights, which this file then restores exactly).
-static void load_training_state(const std::string& path, Llama3& model, const StateHeader& expected,
-                                DataLoader& loader, uint64_t* sampler_rng) {
-    check_state_file(path, expected);
-    FILE* fp = fopenCheck(path.c_str(), "rb");
-    fseekCheck(fp, STATE_HEADER_SLOTS * sizeof(int32_t), SEEK_SET);
-    model.optimizer.load(fp, path.c_str(), model.config);
-    loader.load_state(fp, path.c_str());
+// of the master weights, which the state then restores exactly). Returns the train loader's state as saved.
+static DataLoaderState load_training_state(const StateSource& source, Llama3& model, DataLoader& loader,
+                                           uint64_t* sampler_rng) {
+    model.optimizer.load(source, model.config);
+    const char* path = source.paths[0].c_str();
+    FILE* fp = fopenCheck(path, "rb");
+    fseekCheck(fp, source.loader_offset(), SEEK_SET);
+    DataLoaderState saved = loader.load_state(fp, path);
     freadCheck(sampler_rng, sizeof(*sampler_rng), 1, fp, "sampler rng");
     fcloseCheck(fp);
+    return saved;
 }
 
 #ifndef TESTING
@@ -1399,10 +1379,16 @@ int main(int argc, char** argv) {
                              &max_steps));
     bool has_master = sizeof(floatX) == 2 && opt.master_weights != 0;
     const int zero_stage = mg.world > 1 ? opt.zero_stage : 0;  // one GPU has nothing to shard
-    StateHeader resume_header = state_header_for(config, start_step, has_master, run.id, total_batch, zero_stage);
+    StateSource resume_source;
     if (opt.resume) {
-        check_state_file(state_path(out_dir, start_step, mg.rank), resume_header);
+        StateHeader now = state_header_for(config, start_step, has_master, run.id, total_batch, zero_stage);
+        exit_if_error(plan_state_load(out_dir, config, now, &resume_source));
         printf("resuming run %016llx in %s from step %d\n", (unsigned long long)run.id, out_dir.c_str(), start_step);
+        if (resume_source.writer != resume_source.reader) {
+            printf("resharding: the checkpoint was written on %d GPU(s) with ZeRO stage %d, this run has %d GPU(s) "
+                   "with stage %d: each GPU reads its part of the optimizer state from the files that hold it\n",
+                   resume_source.writer.world, resume_source.writer.stage, mg.world, zero_stage);
+        }
     }
     // the starting weights, when they come from a file: read and checked (sizes, finite values) here too
     std::vector<float> initial_params;
@@ -1469,9 +1455,14 @@ int main(int argc, char** argv) {
     }
     uint64_t sampler_rng = opt.seed * 0x9E3779B97F4A7C15ull + 1;
     if (opt.resume) {
-        load_training_state(state_path(out_dir, start_step, mg.rank), model, resume_header, train_loader,
-                            &sampler_rng);
+        DataLoaderState saved = load_training_state(resume_source, model, train_loader, &sampler_rng);
         printf("resumed from %s at step %d\n", step_path(out_dir, "state", start_step).c_str(), start_step);
+        if (saved.num_processes * saved.B != (int64_t)mg.world * opt.B) {
+            printf("data: the checkpoint's run read samples of %lld GPU(s) x B %lld x T %d tokens, this run %d x %d x "
+                   "%d: the train data goes on at the same token of its shard%s\n", (long long)saved.num_processes,
+                   (long long)saved.B, opt.T, mg.world, opt.B, opt.T,
+                   opt.shuffle ? ", the rest of that shard in another order (llmc/dataloader.h restore)" : "");
+        }
     }
 
     model.allocate_activations(opt.B, opt.T, grad_accum);
@@ -1611,7 +1602,7 @@ int main(int argc, char** argv) {
         if (!out_dir.empty() && opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == max_steps)) {
             save_training_state(out_dir, model, step, train_loader, sampler_rng, run.id, total_batch);
             if (mg.rank == 0) {
-                remove_old_checkpoints(out_dir, run.id, opt.keep_checkpoints, mg.world);
+                remove_old_checkpoints(out_dir, run.id, opt.keep_checkpoints);
                 printf("saved checkpoint %s\n", step_path(out_dir, "state", step).c_str());
             }
         }

@@ -185,8 +185,14 @@ struct DataLoader {
     }
 
     // Continues from a saved state; `what` names where it came from for error messages. The loader must have been
-    // initialized with the same pattern, B, T and number of processes (the rank may differ); the seed is taken
-    // from the state.
+    // initialized with the same pattern, T and shuffle setting (the rank may differ); the seed is taken from the
+    // state. B and the number of processes may differ too (a run resumed on another number of GPUs): with the same
+    // sample size (processes x B x T) the position is the same sample, so the same batches follow, split differently
+    // over the ranks. With another sample size the samples themselves differ, so the position carries over in
+    // tokens: the loader goes on at the first of its samples that starts at or after the tokens the saved one had
+    // read of its current shard. In order, that is where it stopped (when the sizes divide evenly); shuffled, the
+    // rest of that shard comes in the new size's permutation (some of its tokens are seen twice, others not at all
+    // in this epoch); from the next shard on, each shard is read whole in either case.
     void restore(const DataLoaderState& s, const char* what) {
         if (s.magic != DATALOADER_STATE_MAGIC || s.version != DATALOADER_STATE_VERSION) {
             fprintf(stderr, "Error: %s is not a dataloader state (magic %lld version %lld, expected %lld and %lld)\n",
@@ -194,20 +200,21 @@ struct DataLoader {
                     (long long)DATALOADER_STATE_VERSION);
             fail_exit();
         }
-        if (s.B != B || s.T != T || s.num_processes != num_processes || s.shuffle != (int64_t)shuffle ||
-            s.eval != (int64_t)eval || s.num_shards != (int64_t)files.size() || s.total_tokens != total_tokens) {
-            fprintf(stderr, "Error: dataloader state %s was saved with B=%lld T=%lld processes=%lld shuffle=%lld "
-                            "eval=%lld over %lld shards / %lld tokens, but this loader has B=%d T=%d processes=%d "
-                            "shuffle=%d eval=%d over %zu shards / %lld tokens ('%s'); resuming would not continue the "
-                            "same batch sequence\n", what, (long long)s.B, (long long)s.T, (long long)s.num_processes,
-                    (long long)s.shuffle, (long long)s.eval, (long long)s.num_shards, (long long)s.total_tokens, B, T,
-                    num_processes, (int)shuffle, (int)eval, files.size(), (long long)total_tokens, pattern.c_str());
+        if (s.T != T || s.shuffle != (int64_t)shuffle || s.eval != (int64_t)eval ||
+            s.num_shards != (int64_t)files.size() || s.total_tokens != total_tokens) {
+            fprintf(stderr, "Error: dataloader state %s was saved with T=%lld shuffle=%lld eval=%lld over %lld "
+                            "shards / %lld tokens, but this loader has T=%d shuffle=%d eval=%d over %zu shards / %lld "
+                            "tokens ('%s'); resuming would not continue the same batch sequence\n", what,
+                    (long long)s.T, (long long)s.shuffle, (long long)s.eval, (long long)s.num_shards,
+                    (long long)s.total_tokens, T, (int)shuffle, (int)eval, files.size(), (long long)total_tokens,
+                    pattern.c_str());
             fail_exit();
         }
-        if (s.epoch < 0 || s.shard_pos < 0 || s.shard_pos >= s.num_shards || s.sample_pos < 0 ||
-            (s.done != 0 && s.done != 1)) {
-            fprintf(stderr, "Error: dataloader state %s holds an impossible position (epoch %lld shard %lld sample "
-                            "%lld)\n", what, (long long)s.epoch, (long long)s.shard_pos, (long long)s.sample_pos);
+        if (s.B < 1 || s.num_processes < 1 || s.B * s.num_processes > INT32_MAX || s.epoch < 0 || s.shard_pos < 0 ||
+            s.shard_pos >= s.num_shards || s.sample_pos < 0 || (s.done != 0 && s.done != 1)) {
+            fprintf(stderr, "Error: dataloader state %s holds an impossible position (B %lld processes %lld epoch %lld "
+                            "shard %lld sample %lld)\n", what, (long long)s.B, (long long)s.num_processes,
+                    (long long)s.epoch, (long long)s.shard_pos, (long long)s.sample_pos);
             fail_exit();
         }
         seed = (uint64_t)s.seed;
@@ -216,12 +223,21 @@ struct DataLoader {
         finished = s.done != 0;
         order_epoch = order_shard = -1;  // the seed may have changed: recompute the permutations
         update_orders();
-        if (s.sample_pos >= shard_samples[shard_order[shard_pos]]) {
-            fprintf(stderr, "Error: dataloader state %s: sample %lld is past the end of shard '%s'\n", what,
-                    (long long)s.sample_pos, files[shard_order[shard_pos]].c_str());
+        int64_t shard = shard_order[shard_pos];
+        int64_t saved_sample_tokens = s.num_processes * s.B * T;
+        if (s.sample_pos >= (shard_tokens[shard] - 1) / saved_sample_tokens) {
+            fprintf(stderr, "Error: dataloader state %s: sample %lld (of %lld x %lld x %d tokens) is past the end of "
+                            "shard '%s'\n", what, (long long)s.sample_pos, (long long)s.num_processes,
+                    (long long)s.B, T, files[shard].c_str());
             fail_exit();
         }
-        sample_pos = s.sample_pos;
+        if (saved_sample_tokens == sample_tokens()) {
+            sample_pos = s.sample_pos;
+            return;
+        }
+        int64_t read = s.sample_pos * saved_sample_tokens;
+        sample_pos = (read + sample_tokens() - 1) / sample_tokens();
+        if (sample_pos >= shard_samples[shard]) next_shard();
     }
 
     void save_state(FILE* fp) const {
@@ -229,11 +245,16 @@ struct DataLoader {
         fwriteCheck(&s, sizeof(s), 1, fp, "dataloader state");
     }
 
-    void load_state(FILE* fp, const char* what) {
+    // Restores the state saved at fp's position, and returns it (what it was saved with).
+    DataLoaderState load_state(FILE* fp, const char* what) {
         DataLoaderState s;
         freadCheck(&s, sizeof(s), 1, fp, what);
         restore(s, what);
+        return s;
     }
+
+    // Tokens of one sample: every process's B x T (the targets' one more token is shared with the next sample).
+    int64_t sample_tokens() const { return (int64_t)num_processes * B * T; }
 
     // The tokens of one whole shard (a sampling prompt, say; a loss mask is not read), each checked against
     // vocab_size.
@@ -286,19 +307,18 @@ private:
         shard_samples.clear();
         shard_masked.clear();
         total_tokens = total_samples = 0;
-        int64_t sample_tokens = (int64_t)num_processes * B * T;  // one sample, less the shared last target
         for (const std::string& f : files) {
             bool masked;
             int64_t n = validate_shard(f.c_str(), &masked);
-            if (n < sample_tokens + 1) {
+            if (n < sample_tokens() + 1) {
                 fprintf(stderr, "Error: shard '%s' has %lld tokens, fewer than the %lld one batch needs "
                                 "(processes %d x B %d x T %d + 1): use a smaller B or T, or bigger shards\n",
-                        f.c_str(), (long long)n, (long long)(sample_tokens + 1), num_processes, B, T);
+                        f.c_str(), (long long)n, (long long)(sample_tokens() + 1), num_processes, B, T);
                 fail_exit();
             }
             shard_tokens.push_back(n);
             shard_masked.push_back(masked);
-            shard_samples.push_back((n - 1) / sample_tokens);
+            shard_samples.push_back((n - 1) / sample_tokens());
             total_tokens += n;
             total_samples += shard_samples.back();
         }
@@ -428,7 +448,10 @@ private:
 
     void advance() {
         sample_pos++;
-        if (sample_pos < shard_samples[shard_order[shard_pos]]) return;
+        if (sample_pos == shard_samples[shard_order[shard_pos]]) next_shard();
+    }
+
+    void next_shard() {
         sample_pos = 0;
         shard_pos++;
         if (shard_pos == (int64_t)files.size()) {

@@ -6,11 +6,8 @@
 // of its host). A binary started without a launcher runs as one rank and touches neither MPI nor NCCL, so the
 // single-GPU path is the plain trainer. Built with USE_MPI=0 (no MPI or NCCL at hand) only one rank exists.
 //
-// Slices. The flat parameter buffer (ParamTensor order, llmc/model.h) is cut into slices: each layer's part of each per-layer
-// tensor (attn_norm[l], wqkv[l], ...) and the whole of each other tensor (tok_embedding, final_norm, lm_head). A
-// slice of S elements is split into N equal parts (N ranks; S % N == 0 is required) and rank r owns part r,
-// elements [offset + r S/N, offset + (r+1) S/N). A rank's shard is its parts of every slice, back to back in flat
-// order, num_params / N elements; slice k's part starts at shard offset offset_k / N.
+// Slices and shards (llmc/shard_layout.h): every tensor slice (a layer's part of a per-layer tensor, or a whole
+// other tensor) is split into N equal parts, and rank r owns part r of each; its shard is those parts back to back.
 //
 // Stages (-Z):
 //   0  every rank reduces the whole gradient (all-reduce) and keeps the whole optimizer state; all update everything.
@@ -41,6 +38,7 @@
 
 #include "model.h"
 #include "cuda_common.h"
+#include "shard_layout.h"
 
 #if defined(USE_MPI)
 #include <mpi.h>
@@ -226,61 +224,7 @@ inline void all_reduce_sum_device(float* values, size_t count, cudaStream_t stre
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// Slices and shards
-
-struct ParamSlice {
-    int tensor;          // its ParamTensor
-    int layer;           // -1 for the tensors outside the layers
-    size_t offset;       // in the flat parameter buffer
-    size_t size;         // elements; a multiple of the number of ranks
-    size_t tensor_offset;  // offset of the slice within its tensor
-};
-
-struct ShardLayout {
-    int world = 1, rank = 0;
-    size_t shard_size = 0;              // num_params / world
-    std::vector<ParamSlice> slices;     // flat order
-    std::vector<std::vector<int>> layer_slices;  // per layer, its slices' indices
-    std::vector<int> head_slices;       // slices of the tensors outside the layers
-
-    size_t part(const ParamSlice& s) const { return s.size / world; }                  // elements a rank owns
-    size_t shard_offset(const ParamSlice& s) const { return s.offset / world; }        // in the shard buffers
-    size_t owned_offset(const ParamSlice& s) const { return s.offset + rank * part(s); }  // in the flat buffer
-};
-
-// Returns false (with why) when some slice does not split evenly over the ranks.
-inline bool make_shard_layout(const Llama3Config& c, int world, int rank, ShardLayout* out, std::string* why) {
-    ParamLayout layout = param_layout(c);
-    ShardLayout s;
-    s.world = world;
-    s.rank = rank;
-    s.layer_slices.assign(c.n_layers, {});
-    size_t offset = 0;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        size_t size = layout.sizes[t];
-        if (size == 0) continue;
-        bool per_layer = param_is_per_layer(t);
-        int pieces = per_layer ? c.n_layers : 1;
-        size_t piece = size / pieces;
-        for (int l = 0; l < pieces; l++) {
-            if (piece % world != 0) {
-                char buf[192];
-                snprintf(buf, sizeof(buf), "%s%s has %zu elements, not a multiple of %d ranks", layout.names[t],
-                         per_layer ? " (per layer)" : "", piece, world);
-                *why = buf;
-                return false;
-            }
-            int index = (int)s.slices.size();
-            s.slices.push_back({t, per_layer ? l : -1, offset + l * piece, piece, l * piece});
-            if (per_layer) s.layer_slices[l].push_back(index);
-            else s.head_slices.push_back(index);
-        }
-        offset += size;
-    }
-    s.shard_size = offset / world;
-    *out = s;
-    return true;
-}
+// Reductions and gathers over the shards (their layout: llmc/shard_layout.h)
 
 // dst[i] = src[i] (assign) or dst[i] += src[i], in fp32: a stage-2 gradient shard gathering its micro-batches.
 __global__ void shard_accumulate_kernel(floatX* dst, const floatX* src, size_t n, bool assign) {

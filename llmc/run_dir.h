@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "state_file.h"
@@ -143,17 +144,20 @@ inline std::vector<int> run_state_steps(const std::string& dir, uint64_t run_id,
 }
 
 // Deletes this run's checkpoints (state and model) but the newest `keep`; other runs' files, and files whose header
-// cannot be read, are left alone.
-inline void remove_old_checkpoints(const std::string& dir, uint64_t run_id, int keep, int world_size) {
-    std::vector<int> ours;
+// cannot be read, are left alone. Each checkpoint's rank files go by the world size its rank 0 file records (a
+// resumed run may have another).
+inline void remove_old_checkpoints(const std::string& dir, uint64_t run_id, int keep) {
+    std::vector<std::pair<int, int>> ours;  // step, world size
     for (int step : steps_of_files(dir, "state")) {
         StateHeader h;
-        if (read_state_header(step_path(dir, "state", step), &h).empty() && h.run_id == run_id) ours.push_back(step);
+        if (read_state_header(step_path(dir, "state", step), &h).empty() && h.run_id == run_id)
+            ours.push_back({step, h.world_size});
     }
     for (size_t i = 0; i + (size_t)keep < ours.size(); i++) {
-        remove(step_path(dir, "state", ours[i]).c_str());  // the state first: a model without its state is unused
-        remove(step_path(dir, "model", ours[i]).c_str());
-        for (int rank = 1; rank < world_size; rank++) remove(state_path(dir, ours[i], rank).c_str());
+        int step = ours[i].first;
+        remove(step_path(dir, "state", step).c_str());  // the state first: a model without its state is unused
+        remove(step_path(dir, "model", step).c_str());
+        for (int rank = 1; rank < ours[i].second; rank++) remove(state_path(dir, step, rank).c_str());
     }
 }
 

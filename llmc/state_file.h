@@ -10,9 +10,14 @@
 //   [14..15] optimizer elements in this file (low, high): num_params, or the rank's shard with stage 1 or 2
 //   [16..30] the model config, as slots 3..17 of the model checkpoint header (llmc/checkpoint.h)
 //   [31..63] zero
-// A state is only ever loaded into the run that wrote it: every field must match, and the step must be the one in
-// the file's name.
+// Then the master weights (if present), AdamW m and v, each opt_count fp32 values; the train loader's state
+// (llmc/dataloader.h; the same on every rank) and the sampler RNG (uint64; rank 0's is the one in use).
+// A state is only ever loaded into the run that wrote it, at the step in the file's name: every field must match
+// but the layout (world size, ZeRO stage, rank, optimizer elements), which llmc/reshard.h maps onto the resuming
+// run's.
 #pragma once
+
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -20,10 +25,12 @@
 #include <string>
 
 #include "checkpoint.h"
+#include "dataloader.h"
 
 constexpr int STATE_MAGIC = 20261123;
 constexpr int STATE_VERSION = 2;
 constexpr int STATE_HEADER_SLOTS = 64;
+constexpr int64_t STATE_HEADER_BYTES = STATE_HEADER_SLOTS * sizeof(int32_t);
 constexpr int STATE_CONFIG_SLOT = 16;  // the config's first slot; checkpoint header slots 3..17 go to 16..30
 constexpr int STATE_CONFIG_SLOTS = 15;
 
@@ -116,16 +123,17 @@ inline std::string read_state_header(const std::string& path, StateHeader* s) {
     return state_header_unpack(h, path, s);
 }
 
-// "" if `found` (read from path) belongs to the run described by `expected` at step expected.step, else a message
-// naming the first field that differs, with both values.
+// "" if `found` (read from path) is the state file `expected` describes: this run at step expected.step, and the
+// layout expected of this file. Else a message naming the first field that differs, with both values.
 inline std::string state_header_mismatch(const StateHeader& found, const StateHeader& expected,
                                          const std::string& path) {
-    char buf[400];
+    char buf[600];
     auto differs = [&](const char* what, long long got, long long want) {
         snprintf(buf, sizeof(buf), "training state '%s' does not belong to this run: %s is %lld, expected %lld",
                  path.c_str(), what, got, want);
         return std::string(buf);
     };
+    auto precision = [](int is_bf16) { return is_bf16 ? "bf16" : "fp32"; };
     if (found.step != expected.step) {
         snprintf(buf, sizeof(buf), "training state '%s' holds step %d, but its name says step %d (renamed or corrupt)",
                  path.c_str(), found.step, expected.step);
@@ -138,28 +146,68 @@ inline std::string state_header_mismatch(const StateHeader& found, const StateHe
     }
     if (found.world_size != expected.world_size || found.zero_stage != expected.zero_stage ||
         found.rank != expected.rank) {
-        snprintf(buf, sizeof(buf), "training state '%s' was written by rank %d of a run on %d GPU(s) with ZeRO stage %d; "
-                 "this is rank %d of %d GPU(s) with stage %d: resume with the same number of GPUs and -Z", path.c_str(),
-                 found.rank, found.world_size, found.zero_stage, expected.rank, expected.world_size,
-                 expected.zero_stage);
+        snprintf(buf, sizeof(buf), "training state '%s' was written by rank %d of a run on %d GPU(s) with ZeRO stage "
+                 "%d, but its checkpoint's rank 0 file says rank %d of %d GPU(s) with stage %d: the files are not one "
+                 "checkpoint", path.c_str(), found.rank, found.world_size, found.zero_stage, expected.rank,
+                 expected.world_size, expected.zero_stage);
         return buf;
     }
-    if (found.opt_count != expected.opt_count)
-        return differs("the optimizer elements", (long long)found.opt_count, (long long)expected.opt_count);
-    if (found.is_bf16 != expected.is_bf16)
-        return differs("the build's precision (1 bf16, 0 fp32)", found.is_bf16, expected.is_bf16);
-    if (found.has_master != expected.has_master)
-        return differs("has master weights (-W in bf16 builds)", found.has_master, expected.has_master);
+    if (found.is_bf16 != expected.is_bf16) {
+        if (found.is_bf16 != 0 && found.is_bf16 != 1)
+            return differs("the build's precision (1 bf16, 0 fp32)", found.is_bf16, expected.is_bf16);
+        snprintf(buf, sizeof(buf), "training state '%s' was written by the %s build, this is the %s build: the "
+                 "parameters' precision does not carry over; resume with the %s build (make PRECISION=%s)",
+                 path.c_str(), precision(found.is_bf16), precision(expected.is_bf16), precision(found.is_bf16),
+                 found.is_bf16 ? "BF16" : "FP32");
+        return buf;
+    }
+    if (found.has_master != expected.has_master) {
+        snprintf(buf, sizeof(buf), "training state '%s' %s fp32 master weights, but this run keeps %s (-W %d): resume "
+                 "with -W %d", path.c_str(), found.has_master ? "holds" : "holds no", expected.has_master ? "them" :
+                 "none", expected.has_master, found.has_master ? 1 : 0);
+        return buf;
+    }
     if (found.num_params != expected.num_params)
         return differs("the parameter count", (long long)found.num_params, (long long)expected.num_params);
-    if (found.tokens_per_step != expected.tokens_per_step)
-        return differs("tokens per step (-g)", found.tokens_per_step, expected.tokens_per_step);
+    if (found.tokens_per_step != expected.tokens_per_step) {
+        snprintf(buf, sizeof(buf), "training state '%s' belongs to a run of %lld tokens per step, but this run has "
+                 "%lld (-b x -t x GPUs x accumulation): give -g %lld to continue it (tokens per step (-g) must stay "
+                 "the same)", path.c_str(), (long long)found.tokens_per_step, (long long)expected.tokens_per_step,
+                 (long long)found.tokens_per_step);
+        return buf;
+    }
     for (int i = 0; i < STATE_CONFIG_SLOTS; i++) {
         if (found.config[i] != expected.config[i]) {
             snprintf(buf, sizeof(buf), "training state '%s' does not belong to this model: config slot %d is %d, the "
                      "model's is %d", path.c_str(), i + 3, found.config[i], expected.config[i]);
             return buf;
         }
+    }
+    if (found.opt_count != expected.opt_count)
+        return differs("the optimizer elements", (long long)found.opt_count, (long long)expected.opt_count);
+    return "";
+}
+
+// The exact size of a state file holding opt_count optimizer elements.
+inline int64_t state_file_bytes(uint64_t opt_count, bool has_master) {
+    return STATE_HEADER_BYTES + (int64_t)(has_master ? 3 : 2) * (int64_t)opt_count * 4 +
+           (int64_t)sizeof(DataLoaderState) + (int64_t)sizeof(uint64_t);
+}
+
+// Checks a state file as strictly as a checkpoint: its header, that it is the file `expected` describes
+// (state_header_mismatch) and its exact size. Returns "" or what is wrong, naming the file.
+inline std::string check_state_file(const std::string& path, const StateHeader& expected) {
+    StateHeader found;
+    std::string err = read_state_header(path, &found);
+    if (err.empty()) err = state_header_mismatch(found, expected, path);
+    if (!err.empty()) return err;
+    struct stat st = {};
+    int64_t want = state_file_bytes(expected.opt_count, expected.has_master);
+    if (stat(path.c_str(), &st) != 0 || (int64_t)st.st_size != want) {
+        char buf[400];
+        snprintf(buf, sizeof(buf), "training state '%s' is %lld bytes, but its header implies %lld (truncated or "
+                 "corrupt)", path.c_str(), (long long)st.st_size, (long long)want);
+        return buf;
     }
     return "";
 }

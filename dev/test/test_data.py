@@ -148,7 +148,7 @@ def test_masked_shard_roundtrip_python(tmp_path):
 # Dataloader
 
 
-@pytest.mark.parametrize("name", ["roundtrip", "boundary", "shuffle", "resume", "ranks", "eval"])
+@pytest.mark.parametrize("name", ["roundtrip", "boundary", "shuffle", "resume", "resize", "ranks", "eval"])
 def test_dataloader_checks(name, rule_shards):
     result = run_ok([binary("test_dataloader"), "check", name, rule_shards, ",".join(map(str, SIZES))])
     assert "PASSED" in result.stdout and "FAIL:" not in result.stdout
@@ -183,9 +183,10 @@ def test_dataloader_resume_through_a_state_file(rule_shards, tmp_path):
     # shuffled at all, so that this compares something a fresh start would get wrong
     fresh = parse_batches(run_ok(loader_args(rule_shards, shuffle=1, seed=3, nbatches=250)).stdout)
     assert fresh != resumed
-    # a state cannot be loaded into a loader with other settings
-    result = run(loader_args(rule_shards, B=4, shuffle=1, seed=3) + ["--load", state])
-    assert result.returncode != 0 and str(state) in result.stderr and "B=2" in result.stderr
+    # a state cannot be loaded into a loader with another T or shuffle setting (another B carries over: "resize")
+    for other in (dict(T=8, shuffle=1), dict(shuffle=0)):
+        result = run(loader_args(rule_shards, seed=3, **other) + ["--load", state])
+        assert result.returncode != 0 and str(state) in result.stderr and "T=4 shuffle=1" in result.stderr
 
 
 def test_dataloader_eval_pass_reports_done(rule_shards):

@@ -1,8 +1,9 @@
 // Checks llmc/dataloader.h. Run by dev/test/test_data.py, which writes the shards with dev/data/shards.py.
 //
 //   test_dataloader check NAME PATTERN SIZES
-//       NAME: roundtrip, boundary, shuffle, resume, ranks, eval or all. PATTERN matches shards whose token counts,
-//       in name order, are SIZES (comma separated), and whose token i of shard s (0-based) is (s+1)*1000000 + i.
+//       NAME: roundtrip, boundary, shuffle, resume, resize, ranks, eval or all. PATTERN matches shards whose token
+//       counts, in name order, are SIZES (comma separated), and whose token i of shard s (0-based) is
+//       (s+1)*1000000 + i.
 //   test_dataloader bigfile DIR
 //       makes a sparse shard of 2.4 GB in DIR and reads a batch from past the 2 GiB mark
 //   test_dataloader run PATTERN B T RANK NPROC SHUFFLE SEED VOCAB NBATCHES [--eval] [--save-after K FILE]
@@ -213,6 +214,64 @@ static void check_resume(const char* pattern) {
     }
 }
 
+// A state restored into a loader of another sample size (processes x B x T: a run resumed on another number of
+// GPUs). The tests' shard 1 has 1537 tokens: 96 samples of 16 tokens, 192 of 8.
+static void check_resize(const char* pattern) {
+    int B = 2, T = 4, BT = B * T;
+    // two processes (samples of 16 tokens), then one process with the same B: samples of 8, the same tokens in order
+    DataLoader r0, r1, one;
+    r0.init(pattern, B, T, 0, 2, false, 0, BIG_VOCAB);
+    r1.init(pattern, B, T, 1, 2, false, 0, BIG_VOCAB);
+    int64_t to_shard_1 = r0.shard_samples[0];
+    take_n(r0, to_shard_1 + 10);
+    take_n(r1, to_shard_1 + 10);
+    DataLoaderState two = r0.state();
+    one.init(pattern, B, T, 0, 1, false, 0, BIG_VOCAB);
+    one.restore(two, "memory");
+    bool same = true;
+    for (int i = 0; i < 20; i++) {
+        Batch a = take(r0), b = take(r1), c = take(one), d = take(one);
+        same = same && c == a && d == b;
+    }
+    check(same, "2 processes -> 1 with the same B, in order: the same batches, each sample in two");
+    // and back: samples of 8 -> 16; an even position continues exactly, an odd one at the next whole sample
+    DataLoader back;
+    back.init(pattern, B, T, 0, 2, false, 0, BIG_VOCAB);
+    back.restore(one.state(), "memory");
+    Batch next = take(back), expected = take(r0);
+    take(r1);
+    check(next == expected, "1 process -> 2 in order, at an even sample: the same tokens follow");
+    take(one);
+    back.restore(one.state(), "memory");
+    Batch later = take(back);
+    check(later.shard == 1 && later.offset == expected.offset + 2 * BT,
+          "1 process -> 2 at an odd sample: on at the next sample of 16 (8 tokens skipped)");
+    // the same sample size split otherwise (2 x B 2 -> 1 x B 4): the same samples, the same tokens
+    DataLoader wide;
+    wide.init(pattern, 2 * B, T, 0, 1, false, 0, BIG_VOCAB);
+    wide.restore(r0.state(), "memory");
+    Batch w = take(wide), a = take(r0), b = take(r1);
+    std::vector<int> joined = a.inputs;
+    joined.insert(joined.end(), b.inputs.begin(), b.inputs.end());
+    check(w.shard == a.shard && w.offset == a.offset && w.inputs == joined,
+          "the same sample size over fewer processes: the same samples");
+    // shuffled: the same epoch and shard, the position carried over in tokens; past the shard's end, the next shard
+    DataLoader s1, s2;
+    s1.init(pattern, B, T, 0, 1, true, 7, BIG_VOCAB);
+    int64_t first = s1.shard_order[0];
+    take_n(s1, s1.shard_samples[first] - 1);
+    DataLoaderState last = s1.state();  // at the last sample of the first shard
+    s2.init(pattern, B, T, 0, 2, true, 7, BIG_VOCAB);
+    s2.restore(last, "memory");
+    check(s2.epoch == 0 && s2.shard_pos == 1 && s2.sample_pos == 0,
+          "shuffled, 1 -> 2 processes at the first shard's last sample: on at the start of the next shard");
+    last.sample_pos = 10;
+    s2.restore(last, "memory");
+    check(s2.epoch == 0 && s2.shard_pos == 0 && s2.sample_pos == 5,
+          "shuffled, at sample 10 of 8 tokens: sample 5 of 16");
+    check(all_contents_match(take_n(s2, 200)), "the batches after it hold the right tokens");
+}
+
 static void check_ranks(const char* pattern, const std::vector<int64_t>& sizes) {
     int B = 2, T = 4, BT = B * T;
     for (int shuffle = 0; shuffle <= 1; shuffle++) {
@@ -401,6 +460,7 @@ int main(int argc, char** argv) {
         if (all || name == "shuffle") { check_shuffle(pattern, sizes); known = true; }
         if (all || name == "resume") { check_resume(pattern); known = true; }
         if (all || name == "ranks") { check_ranks(pattern, sizes); known = true; }
+        if (all || name == "resize") { check_resize(pattern); known = true; }
         if (all || name == "eval") { check_eval(pattern, sizes); known = true; }
         if (!known) {
             fprintf(stderr, "unknown check '%s'\n", name.c_str());

@@ -1,17 +1,24 @@
 """
-Multi-GPU tests: train_llama3cu on 2 GPUs through mpirun and NCCL. They need a machine with at least 2 GPUs and
-OpenMPI's mpirun; elsewhere they are skipped and say so.
+Multi-GPU tests: train_llama3cu on 2 or more GPUs through mpirun and NCCL. They need a machine with at least 2 GPUs
+and OpenMPI's mpirun; elsewhere they are skipped and say so. The cases for 4 or 8 GPUs run where that many GPUs are,
+and are skipped with the reason elsewhere.
 
-  - equivalence: d12 on 2 GPUs with micro-batch B against 1 GPU with micro-batch B and 2 gradient-accumulation steps
-    (the same global batch and token order), in FP32 (to 1e-5) and BF16 (the tie-out's bf16 bounds);
+  - equivalence: d12 on N GPUs (2, 4, 8) with micro-batch B against 1 GPU with micro-batch B and N gradient-
+    accumulation steps (the same global batch and token order), in FP32 (to 1e-5) and BF16 (the tie-out's bf16 bounds);
   - ZeRO stages 0, 1 and 2 give bit-identical losses (without clipping), and a rerun gives the same run;
-  - resume on 2 GPUs reproduces the uninterrupted run bit for bit, for ZeRO-1 and ZeRO-2;
-  - resuming with another number of GPUs stops with a message saying what the checkpoint was written with;
+  - resume on N GPUs (2, 8) reproduces the uninterrupted run bit for bit, for ZeRO-1 and ZeRO-2;
+  - resharding: a checkpoint resumed with another ZeRO stage on the same GPUs continues its run bit for bit (without
+    clipping, where the stages agree bit for bit); on another number of GPUs (2 -> 1, 1 -> 2, 8 -> 2) it continues the
+    loss to rounding; the optimizer state read in another layout is, bit for bit, what that layout's own run wrote;
+    what cannot be resumed is refused, naming the file;
+  - NCCL's socket transport alone (peer-to-peer and shared memory off, as between hosts) gives the same losses as
+    the default transport; both runs' tok/s are printed;
   - a rank that fails (a truncated state shard) stops every rank, naming itself; a rank that stops answering
     (SIGSTOP) makes the others time out (-T) and stop, never hang.
 NCCL_NVLS_ENABLE=0 is set for every run (NVLink multicast stays off).
 """
 
+import glob
 import os
 import re
 import shutil
@@ -26,22 +33,36 @@ from gpu_common import build_binaries, gpu_count
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+GPUS = gpu_count()
 NOT_RUN = None
-if gpu_count() < 2:
-    NOT_RUN = f"needs 2 GPUs, this machine has {gpu_count()}"
+if GPUS < 2:
+    NOT_RUN = f"needs 2 GPUs, this machine has {GPUS}"
 elif shutil.which("mpirun") is None:
     NOT_RUN = "needs OpenMPI's mpirun"
 pytestmark = pytest.mark.skipif(NOT_RUN is not None, reason=f"multi-GPU tests not run: {NOT_RUN}")
 
 ENV = dict(os.environ, NCCL_NVLS_ENABLE="0", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+# NCCL's socket transport alone: no peer-to-peer (NVLink, PCIe), shared memory or InfiniBand, as between hosts
+SOCKET = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1"}
 
 
-def run(cmd, timeout=900):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=ENV)
+def needs_gpus(n):
+    return pytest.mark.skipif(GPUS < n, reason=f"needs {n} GPUs, this machine has {GPUS}")
 
 
-def mpirun(n, cmd):
-    return ["mpirun", "-np", str(n), "--bind-to", "none", "-x", "NCCL_NVLS_ENABLE", *cmd]
+def run(cmd, timeout=900, env=ENV):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+def mpirun(n, cmd, exported=()):
+    """cmd on n ranks; each gets NCCL_NVLS_ENABLE and the `exported` variables of the environment."""
+    return ["mpirun", "-np", str(n), "--bind-to", "none",
+            *[a for var in ("NCCL_NVLS_ENABLE", *exported) for a in ("-x", var)], *cmd]
+
+
+def on_gpus(n, cmd):
+    """cmd on n GPUs: through mpirun for several, a plain process on one."""
+    return run(mpirun(n, cmd) if n > 1 else cmd)
 
 
 @pytest.fixture(scope="module")
@@ -84,27 +105,30 @@ def raw_steps(stdout):
     return re.findall(r"step +(\d+)/\d+ \| loss (\S+) \| norm (\S+)", stdout)
 
 
-def test_two_gpus_match_one_gpu_with_accumulation(build, shards, tmp_path):
-    """20 steps of d12: 2 GPUs with micro-batch B against 1 GPU with B and 2 accumulation steps. FP32: losses and
+@pytest.mark.parametrize("gpus", [2, pytest.param(4, marks=needs_gpus(4)), pytest.param(8, marks=needs_gpus(8))])
+def test_gpus_match_one_gpu_with_accumulation(build, shards, tmp_path, gpus):
+    """20 steps of d12: N GPUs with micro-batch B against 1 GPU with B and N accumulation steps. FP32: losses and
     norms to 1e-5. BF16: within the tie-out's bf16 bounds (losses 2e-2 at step 1 and 5e-2 after, norms 5e-2
     relative) or, where the training itself amplifies rounding, within twice what bf16 arithmetic alone moves this
     run: the distance of the 1-GPU bf16 run from the 1-GPU fp32 run up to that step."""
     runs = {}
+    tokens = 1024 * gpus
     for precision in ("FP32", "BF16"):
-        one = run([build[precision], *train_args(shards, tmp_path / f"one{precision}", 20, "-g", "2048")])
+        one = run([build[precision], *train_args(shards, tmp_path / f"one{precision}", 20, "-g", str(tokens))])
         assert one.returncode == 0, one.stdout + one.stderr
-        two = run(mpirun(2, [build[precision], *train_args(shards, tmp_path / f"two{precision}", 20)]))
-        assert two.returncode == 0, two.stdout + two.stderr
-        assert "2 GPU(s) x grad_accum 1 = 2048 tokens/step" in two.stdout, two.stdout
-        runs[precision] = (steps_of(one.stdout), steps_of(two.stdout))
+        many = run(mpirun(gpus, [build[precision], *train_args(shards, tmp_path / f"many{precision}", 20)]))
+        assert many.returncode == 0, many.stdout + many.stderr
+        assert f"{gpus} GPU(s) x grad_accum 1 = {tokens} tokens/step" in many.stdout, many.stdout
+        runs[precision] = (steps_of(one.stdout), steps_of(many.stdout))
         assert len(runs[precision][0]) == len(runs[precision][1]) == 20
-        print(f"{precision}: printed values identical: {raw_steps(one.stdout) == raw_steps(two.stdout)}")
+        print(f"{precision}: printed values identical: {raw_steps(one.stdout) == raw_steps(many.stdout)}")
     (f1, f2), (b1, b2) = runs["FP32"], runs["BF16"]
     rel = lambda x, y: abs(x - y) / abs(y)
     bf16_loss_drift = bf16_norm_drift = 0.0
     worst = {"fp32 loss": 0.0, "fp32 norm": 0.0, "bf16 loss": 0.0, "bf16 norm": 0.0}
     failures = []
-    print("step | fp32 loss 1 GPU, 2 GPUs | fp32 norm 1, 2 | bf16 loss 1, 2 | bf16 norm 1, 2 | bf16 vs fp32 (1 GPU)")
+    print(f"step | fp32 loss 1 GPU, {gpus} GPUs | fp32 norm 1, {gpus} | bf16 loss 1, {gpus} | bf16 norm 1, {gpus} | "
+          "bf16 vs fp32 (1 GPU)")
     for k in range(20):
         bf16_loss_drift = max(bf16_loss_drift, abs(b1[k][1] - f1[k][1]))
         bf16_norm_drift = max(bf16_norm_drift, rel(b1[k][2], f1[k][2]))
@@ -139,18 +163,21 @@ def test_zero_stages_agree_bit_for_bit(build, shards, tmp_path, precision):
     assert [(s, l) for s, l, _ in raw_steps(again.stdout)] == results["1"]
 
 
-@pytest.mark.parametrize("options", [("-Z", "1"), ("-Z", "2"), ("-Z", "2", "-g", "4096"),
-                                     ("-Z", "1", "-W", "0", "-O", "bf16")])
-def test_resume_on_two_gpus_is_bit_identical(build, shards, tmp_path, options):
+@pytest.mark.parametrize("gpus,options", [(2, ("-Z", "1")), (2, ("-Z", "2")), (2, ("-Z", "2", "-g", "4096")),
+                                          (2, ("-Z", "1", "-W", "0", "-O", "bf16")),
+                                          pytest.param(8, ("-Z", "1"), marks=needs_gpus(8)),
+                                          pytest.param(8, ("-Z", "2"), marks=needs_gpus(8))])
+def test_resume_is_bit_identical(build, shards, tmp_path, gpus, options):
     train = build["BF16"]
-    cmd = lambda name, *extra: mpirun(2, [train, *train_args(shards, tmp_path / name, 10, "-k", "constant", "-n", "5",
-                                                             *options, *extra)])
+    cmd = lambda name, *extra: mpirun(gpus, [train, *train_args(shards, tmp_path / name, 10, "-k", "constant", "-n",
+                                                                "5", *options, *extra)])
     full = run(cmd("full"))
     assert full.returncode == 0, full.stdout + full.stderr
     part = run(cmd("part", "-x", "5"))
     assert part.returncode == 0, part.stdout + part.stderr
     names = sorted(os.listdir(tmp_path / "part"))
-    assert names == ["log.txt", "model_00000005.bin", "run.txt", "state_00000005.bin", "state_00000005_rank1.bin"], names
+    expected = ["log.txt", "model_00000005.bin", "run.txt", "state_00000005.bin"]
+    assert names == sorted(expected + [f"state_00000005_rank{r}.bin" for r in range(1, gpus)]), names
     resumed = run(cmd("part", "-y", "1"))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     full_steps, resumed_steps = raw_steps(full.stdout), raw_steps(resumed.stdout)
@@ -158,13 +185,161 @@ def test_resume_on_two_gpus_is_bit_identical(build, shards, tmp_path, options):
     assert resumed_steps == full_steps[5:], (resumed.stdout, full.stdout)
 
 
-def test_resume_with_other_gpu_count_is_refused(build, shards, tmp_path):
+# ---------------------------------------------------------------------------------------------------------------
+# Resharding: a checkpoint resumed on another number of GPUs or with another ZeRO stage
+
+
+def resume_elsewhere(train, shards, tmp_path, writer, reader, *common):
+    """The uninterrupted 10-step run in the writer's layout, and the run that resumes its checkpoint at step 5 in the
+    reader's layout; writer and reader: (GPUs, flags). The lr is constant after the warmup, so that the 5-step run's
+    schedule is the 10-step run's."""
+    args = lambda name, *extra: [train, *train_args(shards, tmp_path / name, 10, "-k", "constant", "-n", "5", *common,
+                                                    *extra)]
+    full = on_gpus(writer[0], args("full", *writer[1]))
+    part = on_gpus(writer[0], args("part", *writer[1], "-x", "5"))
+    resumed = on_gpus(reader[0], args("part", *reader[1], "-y", "1"))
+    for result in (full, part, resumed):
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert len(raw_steps(full.stdout)) == 10 and len(raw_steps(resumed.stdout)) == 5, resumed.stdout
+    assert f"resharding: the checkpoint was written on {writer[0]} GPU(s)" in resumed.stdout, resumed.stdout
+    return full, resumed
+
+
+@pytest.mark.parametrize("writer,reader,options", [("1", "2", ()), ("2", "0", ()), ("0", "1", ()),
+                                                   ("1", "2", ("-W", "0", "-O", "bf16"))])
+def test_reshard_to_another_stage_is_bit_identical(build, shards, tmp_path, writer, reader, options):
+    """Without clipping the stages give the same bits (test_zero_stages_agree_bit_for_bit), and resharding copies
+    the fp32 state exactly: a run resumed on the same GPUs with another -Z continues its uninterrupted run bit for
+    bit. Losses only: the norm's last bits depend on the stage (it is summed over shards)."""
+    full, resumed = resume_elsewhere(build["BF16"], shards, tmp_path, (2, ("-Z", writer)), (2, ("-Z", reader)),
+                                     "-G", "0", *options)
+    assert f"with ZeRO stage {writer}, this run has 2 GPU(s) with stage {reader}" in resumed.stdout, resumed.stdout
+    losses = lambda out: [(s, l) for s, l, _ in raw_steps(out)]
+    assert losses(resumed.stdout) == losses(full.stdout)[5:], (resumed.stdout, full.stdout)
+
+
+def compare_continuation(full, resumed, loss_bound, norm_bound):
+    """Failures where the resumed run's steps leave the uninterrupted run's by more than the bounds (loss absolute,
+    loss_bound(k) at the k-th resumed step; norm relative); prints both runs' steps."""
+    failures = []
+    print("step | loss uninterrupted, resumed | norm uninterrupted, resumed")
+    for k, ((s0, l0, n0), (s, l, n)) in enumerate(zip(steps_of(full.stdout)[5:], steps_of(resumed.stdout))):
+        print(f"{s:4d} | {l0:.6f} {l:.6f} | {n0:.6f} {n:.6f}")
+        if s != s0 or abs(l - l0) > loss_bound(k) or abs(n - n0) > norm_bound * abs(n0):
+            failures.append(f"step {s}: loss {l} vs {l0} (bound {loss_bound(k)}), norm {n} vs {n0}")
+    return failures
+
+
+@pytest.mark.parametrize("writer,reader,samples_change", [
+    pytest.param((2, ("-Z", "1")), (1, ()), True, id="2 GPUs Z1 -> 1 GPU"),
+    pytest.param((1, ()), (2, ("-Z", "2")), True, id="1 GPU -> 2 GPUs Z2"),
+    pytest.param((8, ("-Z", "1", "-b", "1")), (2, ("-Z", "2", "-b", "4")), False, id="8 GPUs Z1 -> 2 GPUs Z2",
+                 marks=needs_gpus(8)),
+])
+def test_reshard_to_another_gpu_count_continues_the_loss(build, shards, tmp_path, writer, reader, samples_change):
+    """FP32, 2048 tokens a step, the data in order: the resumed run trains on the same batches as the uninterrupted
+    one (split otherwise over GPUs and micro-batches; where GPUs x B changes, the loader says so and carries its
+    position over in tokens: llmc/dataloader.h restore) from the same state, copied exactly. So the two differ only
+    by the order of their sums, as N GPUs differ from 1 GPU with accumulation: losses and norms to 1e-5, the bound
+    test_gpus_match_one_gpu_with_accumulation holds over 20 steps."""
+    full, resumed = resume_elsewhere(build["FP32"], shards, tmp_path, writer, reader, "-g", "2048")
+    assert ("data: the checkpoint's run read samples of" in resumed.stdout) == samples_change, resumed.stdout
+    failures = compare_continuation(full, resumed, lambda k: 1e-5, 1e-5)
+    assert not failures, failures
+
+
+def test_reshard_with_master_weights_continues_the_loss(build, shards, tmp_path):
+    """BF16 with fp32 master weights, the data shuffled: 2 GPUs with B=4 -> 1 GPU with B=8 read the same samples
+    (2 x 4 rows = 1 x 8), so the same batches follow in the same shuffled order. BF16 rounding then moves the two
+    runs apart as it moves 2 GPUs from 1 GPU with accumulation: within the tie-out's bf16 bounds, losses 2e-2 at the
+    first resumed step and 5e-2 after, norms 5e-2 relative (test_gpus_match_one_gpu_with_accumulation)."""
+    full, resumed = resume_elsewhere(build["BF16"], shards, tmp_path, (2, ("-Z", "1")), (1, ("-b", "8")), "-f", "1")
+    assert "data:" not in resumed.stdout, resumed.stdout
+    failures = compare_continuation(full, resumed, lambda k: 2e-2 if k == 0 else 5e-2, 5e-2)
+    assert not failures, failures
+
+
+@pytest.fixture(scope="module")
+def reshard_tool(tmp_path_factory):
+    """dev/test/test_reshard, built here: it reads a checkpoint in any layout through llmc/reshard.h."""
+    out = str(tmp_path_factory.mktemp("tool") / "test_reshard")
+    result = subprocess.run(["g++", "-O2", "-std=c++17", "-I", ROOT, os.path.join(ROOT, "dev/test/test_reshard.cpp"),
+                             "-o", out], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def state_payload(path):
+    """The optimizer arrays of a state file (master weights if present, m, v), as raw 32-bit words."""
+    header = np.fromfile(path, dtype="<u4", count=64)
+    opt_count = int(header[14]) | int(header[15]) << 32
+    return np.fromfile(path, dtype="<u4", offset=256, count=(3 if header[6] else 2) * opt_count)
+
+
+def test_resharded_state_is_the_other_layouts_state(build, shards, tmp_path, reshard_tool):
+    """Without clipping, 5 steps on 2 GPUs with -Z 0 and with -Z 1 leave the same optimizer state bit for bit. Read
+    in the other's layout through the trainer's resharding code, each checkpoint gives the other's state files
+    exactly: ZeRO-1's shards as ZeRO-0's whole state (and a 1-GPU run's), ZeRO-0's whole state as ZeRO-1's shards."""
+    for stage in ("0", "1"):
+        r = run(mpirun(2, [build["BF16"], *train_args(shards, tmp_path / f"z{stage}", 5, "-G", "0", "-Z", stage,
+                                                      "-n", "5")]))
+        assert r.returncode == 0, r.stdout + r.stderr
+    z0, z1 = tmp_path / "z0", tmp_path / "z1"
+    cases = [(z1, 1, 0, 0, z0 / "state_00000005.bin"), (z1, 2, 0, 1, z0 / "state_00000005_rank1.bin"),
+             (z0, 2, 1, 0, z1 / "state_00000005.bin"), (z0, 2, 1, 1, z1 / "state_00000005_rank1.bin")]
+    for source, gpus, stage, rank, expected in cases:
+        out = tmp_path / "read.bin"
+        result = subprocess.run([reshard_tool, "read", source, "5", str(gpus), str(stage), str(rank), out],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        print(result.stdout.strip())
+        got, want = np.fromfile(out, dtype="<u4"), state_payload(expected)
+        differences = np.count_nonzero(got != want) if got.size == want.size else "a size"
+        assert got.size == want.size and differences == 0, \
+            f"{source.name} read as {gpus} GPU(s) Z{stage} rank {rank}: {differences} differences"
+
+
+def test_reshard_refusals_name_the_problem(build, shards, tmp_path):
+    """What cannot be resumed stops before the GPU, naming the file: another tokens per step (-g), a rank file gone."""
     train = build["BF16"]
     first = run(mpirun(2, [train, *train_args(shards, tmp_path / "ck", 3, "-n", "3", "-u", "1")]))
     assert first.returncode == 0, first.stdout + first.stderr
-    single = run([train, *train_args(shards, tmp_path / "ck", 6, "-n", "3", "-u", "1", "-y", "1")])
-    assert single.returncode == 1, single.stdout + single.stderr
-    assert "run on 2 GPU(s)" in single.stderr and "same number of GPUs" in single.stderr, single.stderr
+    other_g = run([train, *train_args(shards, tmp_path / "ck", 6, "-n", "3", "-u", "1", "-y", "1")])
+    assert other_g.returncode == 1, other_g.stdout + other_g.stderr
+    assert "state_00000003.bin" in other_g.stderr and "give -g 2048" in other_g.stderr, other_g.stderr
+    os.remove(tmp_path / "ck" / "state_00000003_rank1.bin")
+    missing = run([train, *train_args(shards, tmp_path / "ck", 6, "-n", "3", "-u", "1", "-g", "2048", "-y", "1")])
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    assert "state_00000003_rank1.bin" in missing.stderr and "is missing" in missing.stderr, missing.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The inter-node path: NCCL's socket transport
+
+
+def test_socket_transport_gives_the_same_losses(build, shards, tmp_path):
+    """2 ranks through NCCL's socket transport alone (SOCKET), as between hosts, against its default transport
+    (NVLink or PCIe peer-to-peer here): bit-identical losses and norms. With 2 ranks each reduced element is one
+    addition of two values whatever the algorithm, protocol or channel split, and a + b = b + a exactly, so the
+    transport cannot change a bit (with more ranks it could change the ring order, and the sums to rounding). The
+    NCCL log shows the socket transport in use. Prints both runs' tok/s."""
+    results = {}
+    for name, transport in (("default", {}), ("socket", SOCKET)):
+        nccl_log = str(tmp_path / f"nccl_{name}.%p.log")
+        env = dict(ENV, NCCL_DEBUG="INFO", NCCL_DEBUG_FILE=nccl_log, **transport)
+        cmd = mpirun(2, [build["BF16"], *train_args(shards, tmp_path / name, 20)],
+                     exported=("NCCL_DEBUG", "NCCL_DEBUG_FILE", *transport))
+        r = run(cmd, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        log = "".join(open(path).read() for path in glob.glob(nccl_log.replace("%p", "*")))
+        tok_s = float(re.search(r"summary: .*?\| (\d+) tok/s", r.stdout).group(1))
+        results[name] = (raw_steps(r.stdout), tok_s, log)
+        print(f"{name}: {tok_s:.0f} tok/s; " + "; ".join(sorted(set(re.findall(r"via (\S+)", log)))))
+    assert "via NET/Socket" in results["socket"][2], results["socket"][2][-3000:]
+    assert "via NET/" not in results["default"][2]
+    assert len(results["default"][0]) == 20
+    assert results["socket"][0] == results["default"][0], (results["socket"][0], results["default"][0])
+    print(f"socket / default tok/s: {results['socket'][1] / results['default'][1]:.3f}")
 
 
 def test_failing_rank_stops_every_rank(build, shards, tmp_path):

@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
         RunInfo run;
         std::string err = read_run_file(argv[2], &run);
         if (!err.empty()) return report(err);
-        if (cmd == "retain" && argc == 4) remove_old_checkpoints(argv[2], run.id, (int)arg(argv, 3), 1);
+        if (cmd == "retain" && argc == 4) remove_old_checkpoints(argv[2], run.id, (int)arg(argv, 3));
         std::vector<int> steps = run_state_steps(argv[2], run.id, &err);
         if (!err.empty()) return report(err);
         printf("run %016llx steps", (unsigned long long)run.id);

@@ -285,23 +285,41 @@ def test_guard_skips_and_stops():
 STATE_MAGIC, STATE_VERSION = 20261123, 2
 
 
-def state_header(step, run_id, is_bf16=1, num_params=None, has_master=1, world=1, tokens_per_step=128,
-                 model=GQA, magic=STATE_MAGIC, version=STATE_VERSION):
+def state_header(step, run_id, is_bf16=1, num_params=None, has_master=1, world=1, stage=0, rank=0,
+                 tokens_per_step=128, model=GQA, magic=STATE_MAGIC, version=STATE_VERSION):
     num_params = (model.stat().st_size - 256) // 4 if num_params is None else num_params
+    opt_count = num_params // world if stage else num_params  # the whole model, or with stage 1 or 2 a shard
     h = np.zeros(64, dtype="<u4")
     h[0], h[1], h[2], h[3] = magic, version, step, is_bf16
     h[4], h[5] = num_params & 0xFFFFFFFF, num_params >> 32
     h[6], h[7] = has_master, world
     h[8], h[9] = run_id & 0xFFFFFFFF, run_id >> 32
     h[10], h[11] = tokens_per_step & 0xFFFFFFFF, tokens_per_step >> 32
-    h[12], h[13] = 0, 0  # ZeRO stage, rank
-    h[14], h[15] = num_params & 0xFFFFFFFF, num_params >> 32  # optimizer elements: the whole model on one GPU
+    h[12], h[13] = stage, rank
+    h[14], h[15] = opt_count & 0xFFFFFFFF, opt_count >> 32
     h[16:31] = np.fromfile(model, dtype="<u4", count=18)[3:18]
     return h.tobytes()
 
 
-def state_bytes(num_params, has_master):
-    return 256 + (3 if has_master else 2) * num_params * 4 + 128 + 8
+def state_bytes(opt_count, has_master):
+    return 256 + (3 if has_master else 2) * opt_count * 4 + 128 + 8
+
+
+def shard_elements(model, world, rank):
+    """The flat indices of rank `rank`'s shard over `world` ranks (llmc/shard_layout.h): its part of each layer's
+    slice of each per-layer tensor and of each other tensor, in flat order."""
+    V, C, L, H, KV, F = np.fromfile(model, dtype="<i4", count=9)[3:9]
+    tied = np.fromfile(model, dtype="<i4", count=11)[10]
+    hd = C // H
+    sizes = [(V * C, 1), (C, L), ((H + 2 * KV) * hd * C, L), (C * H * hd, L), (C, L), (2 * F * C, L), (C * F, L),
+             (C, 1)] + ([] if tied else [(V * C, 1)])  # (slice size, slices) per tensor
+    parts, offset = [], 0
+    for size, count in sizes:
+        for _ in range(count):
+            part = size // world
+            parts.append(np.arange(offset + rank * part, offset + (rank + 1) * part))
+            offset += size
+    return np.concatenate(parts)
 
 
 def write_run(directory, run_id, source="-c d2 -d 0"):
@@ -309,23 +327,29 @@ def write_run(directory, run_id, source="-c d2 -d 0"):
     (directory / "run.txt").write_text(f"run_id {run_id:016x}\nsource {source}\n")
 
 
-def loader_state(B=4, T=32, shuffle=1, shards=1, tokens=40000, seed=1337, sample=5):
+def loader_state(B=4, T=32, processes=1, shuffle=1, shards=1, tokens=40000, seed=1337, sample=5):
     """llmc/dataloader.h's DataLoaderState (16 int64) for the `data` fixture's train shard."""
-    return np.array([20261124, 1, B, T, 1, shuffle, 0, shards, tokens, seed, 0, 0, sample, 0, 0, 0], "<i8").tobytes()
+    return np.array([20261124, 1, B, T, processes, shuffle, 0, shards, tokens, seed, 0, 0, sample, 0, 0, 0],
+                    "<i8").tobytes()
 
 
-def write_state(directory, step, run_id, is_bf16=1, has_master=1, model=GQA, tokens_per_step=128, **kw):
-    """A state file that passes every check and can be resumed: master weights = the model's, zero AdamW moments,
-    the train loader at sample 5."""
-    n = (model.stat().st_size - 256) // 4
-    header = state_header(step, run_id, is_bf16=is_bf16, has_master=has_master, model=model,
-                          tokens_per_step=tokens_per_step, **kw)
-    master = model.read_bytes()[256:] if has_master else b""
-    path = directory / f"state_{step:08d}.bin"
-    path.write_bytes(header + master + b"\0" * (8 * n) + loader_state() + struct.pack("<Q", 12345))
-    assert path.stat().st_size == state_bytes(n, has_master)
+def write_state(directory, step, run_id, is_bf16=1, has_master=1, model=GQA, tokens_per_step=128, world=1, stage=0,
+                **kw):
+    """The state files of a checkpoint that passes every check and can be resumed, one per rank of `world` GPUs at
+    ZeRO `stage`: master weights = the model's (its shards with stage 1 or 2), zero AdamW moments, the train loader
+    at sample 5 (of 4 x 32 tokens, split over the GPUs). Returns rank 0's."""
+    params = np.fromfile(model, dtype="<f4", offset=256)
+    for rank in range(world):
+        elements = shard_elements(model, world, rank) if stage else np.arange(len(params))
+        header = state_header(step, run_id, is_bf16=is_bf16, has_master=has_master, model=model, world=world,
+                              stage=stage, rank=rank, tokens_per_step=tokens_per_step, **kw)
+        master = params[elements].tobytes() if has_master else b""
+        path = directory / (f"state_{step:08d}.bin" if rank == 0 else f"state_{step:08d}_rank{rank}.bin")
+        path.write_bytes(header + master + b"\0" * (8 * len(elements)) + loader_state(B=4 // world, processes=world)
+                         + struct.pack("<Q", 12345))
+        assert path.stat().st_size == state_bytes(len(elements), has_master)
     shutil.copy(model, directory / f"model_{step:08d}.bin")
-    return path
+    return directory / f"state_{step:08d}.bin"
 
 
 def test_fresh_run_dir(tmp_path):
@@ -356,6 +380,16 @@ def test_retention_deletes_only_this_runs_files(tmp_path):
                     "state_00000003.bin", "state_00000006.bin", "state_00000008.bin"], left
     # and the other run's files are never counted as ours
     assert helper("run-steps", tmp_path).stdout.split()[-2:] == ["steps", "6"]
+
+
+def test_retention_deletes_the_rank_files_of_each_checkpoint(tmp_path):
+    """A run resumed on fewer GPUs: its older checkpoints' rank files go too, by their own world size."""
+    write_run(tmp_path, 7)
+    write_state(tmp_path, 2, 7, world=2, stage=1)
+    write_state(tmp_path, 4, 7)
+    result = helper("retain", tmp_path, 1)
+    assert result.returncode == 0, result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["model_00000004.bin", "run.txt", "state_00000004.bin"]
 
 
 def test_run_steps_refuse_a_damaged_state(tmp_path):
@@ -665,7 +699,10 @@ RESUME_BAD = {
     "old version": (lambda out: edit_state(out / "state_00000005.bin", 1, 1), [], ["version 1"]),
     "step not the file name's": (lambda out: edit_state(out / "state_00000005.bin", 2, 6), [],
                                  ["state_00000005.bin", "holds step 6"]),
-    "world size": (lambda out: edit_state(out / "state_00000005.bin", 7, 2), [], ["run on 2 GPU(s)", "same number of GPUs"]),
+    "layout": (lambda out: edit_state(out / "state_00000005.bin", 12, 1), [],
+               ["state_00000005.bin", "1 GPU(s) with ZeRO stage 1", "corrupt"]),
+    "world size": (lambda out: [edit_state(out / "state_00000005.bin", slot, value) for slot, value in
+                                ((7, 2), (12, 1))], [], ["state_00000005.bin", "optimizer elements"]),
     "config": (lambda out: edit_state(out / "state_00000005.bin", 17, 64), [], ["config slot 4", "64", "48"]),
     "num params": (lambda out: edit_state(out / "state_00000005.bin", 4, 5), [], ["parameter count"]),
     "reserved slot": (lambda out: edit_state(out / "state_00000005.bin", 40, 1), [], ["slot 40", "reserved"]),
@@ -689,6 +726,50 @@ def test_trainer_resume_rejects(data, resumable, case):
     damage, extra, words = RESUME_BAD[case]
     damage(out)
     assert_refused_on_host(run(resume_cmd(data, out, *extra)), *words)
+
+
+@pytest.fixture
+def resumable_on_two(tmp_path, precision):
+    """A run directory at step 5 written on 2 GPUs with ZeRO stage 1, with B=2 per GPU (the host checks' 4 x 32
+    tokens a step)."""
+    out = tmp_path / "run2"
+    write_run(out, RUN_ID, f"-e {os.path.realpath(GQA)}")
+    bf16 = precision == "bf16"
+    write_state(out, 5, RUN_ID, is_bf16=int(bf16), has_master=int(bf16), world=2, stage=1)
+    return out
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_trainer_resume_reshards(data, tmp_path, precision, stage):
+    """A checkpoint of 2 GPUs passes the host checks of a 1-GPU resume, which says it reshards."""
+    out = tmp_path / "run"
+    write_run(out, RUN_ID, f"-e {os.path.realpath(GQA)}")
+    bf16 = precision == "bf16"
+    write_state(out, 5, RUN_ID, is_bf16=int(bf16), has_master=int(bf16), world=2, stage=stage)
+    result = run(resume_cmd(data, out))
+    assert passes_host_checks(result), result.stderr
+    assert (f"resharding: the checkpoint was written on 2 GPU(s) with ZeRO stage {stage}, this run has 1 GPU(s) "
+            "with stage 0") in result.stdout, result.stdout
+
+
+RESHARD_BAD = {
+    "rank file missing": (lambda out: (out / "state_00000005_rank1.bin").unlink(), [],
+                          ["state_00000005_rank1.bin", "missing", "2 GPU(s) with ZeRO stage 1"]),
+    "rank file of another layout": (lambda out: edit_state(out / "state_00000005_rank1.bin", 7, 4), [],
+                                    ["state_00000005_rank1.bin", "4 GPU(s)", "not one checkpoint"]),
+    "rank file of another run": (lambda out: edit_state(out / "state_00000005_rank1.bin", 8, 42), [],
+                                 ["state_00000005_rank1.bin", "run id"]),
+    "rank file truncated": (lambda out: (out / "state_00000005_rank1.bin").write_bytes(
+        (out / "state_00000005_rank1.bin").read_bytes()[:-1]), [], ["state_00000005_rank1.bin", "truncated"]),
+    "other -g": (lambda out: None, ["-g", "256"], ["128 tokens per step", "256", "-g 128"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RESHARD_BAD))
+def test_trainer_resume_reshard_rejects(data, resumable_on_two, case):
+    damage, extra, words = RESHARD_BAD[case]
+    damage(resumable_on_two)
+    assert_refused_on_host(run(resume_cmd(data, resumable_on_two, *extra)), *words)
 
 
 def test_trainer_resume_master_weights_mismatch(data, resumable):

@@ -1,0 +1,123 @@
+"""
+The multi-GPU code's CPU side:
+  - resharding (llmc/shard_layout.h, llmc/reshard.h) through dev/test/test_reshard (built by `make`): the ranges of
+    every pair of layouts, real state files read back in every layout, and the refusals;
+  - scripts/bench_multi_gpu.py: its arguments, the runs and commands it plans (GPU counts, ZeRO stages, the socket
+    transport, the 8B line) and its summary, from made-up results.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import bench_multi_gpu  # noqa: E402
+
+HELPER = os.path.join(ROOT, "dev", "test", "test_reshard")
+
+
+def reshard(*args):
+    if not os.path.exists(HELPER):
+        pytest.fail(f"{HELPER} is missing: run `make` first")
+    return subprocess.run([HELPER, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("check", ["ranges", "files"])
+def test_reshard(check, tmp_path):
+    result = reshard(check) if check == "ranges" else reshard(check, tmp_path)
+    assert result.returncode == 0 and "PASSED" in result.stdout, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# scripts/bench_multi_gpu.py
+
+
+def names(argv):
+    return [name for name, _, _, _ in bench_multi_gpu.plan(bench_multi_gpu.parse_args(argv))]
+
+
+def test_bench_default_is_one_and_two_gpus():
+    assert names(["--train", "s.bin"]) == ["ours 1 GPU", "ours 2 GPUs Z1", "ours 2 GPUs Z0", "ours 2 GPUs Z2",
+                                           "ours 2 GPUs Z1 -Q 0", "torch 1 GPU", "torch DDP 2 GPUs",
+                                           "torch FSDP2 2 GPUs"]
+
+
+def test_bench_a_hosts_table():
+    """One command for a host's table: ours on each count with each stage, PyTorch on the largest, the 8B line."""
+    args = bench_multi_gpu.parse_args(["--gpus", "8,2,4", "--ours", "1,Z1,Z2,Z3", "--with_8b", "--train", "s.bin"])
+    runs = {name: (cmd, tokens, required) for name, cmd, tokens, required in bench_multi_gpu.plan(args)}
+    for n in (2, 4, 8):
+        for stage in ("1", "2", "3"):
+            cmd, tokens, _ = runs[f"ours {n} GPUs Z{stage}"]
+            assert cmd[:3] == ["mpirun", "-np", str(n)] and cmd[-2:] == ["-Z", stage] and tokens == 8 * 2048 * n
+    assert runs["ours 1 GPU"][0][0] == args.binary and runs["ours 1 GPU"][1] == 8 * 2048
+    assert "--nproc_per_node=8" in runs["torch DDP 8 GPUs"][0] and "--nproc_per_node=8" in runs["torch FSDP2 8 GPUs"][0]
+    assert "--nproc_per_node=1" in runs["torch 1 GPU"][0]
+    bf16, tokens, required = runs["8B ours 8 GPUs bf16"]
+    assert "llama3.1-8B" in bf16 and bf16[-4:] == ["-Z", "1", "-R", "2"] and tokens == 8192 * 8 and required
+    assert runs["8B ours 8 GPUs fp8"][0][-2:] == ["-M", "fp8"]
+    fsdp, _, required = runs["8B torch FSDP2 8 GPUs"]
+    assert "--activation_checkpointing" in fsdp and "8192" in fsdp and not required
+
+
+def test_bench_socket_transport():
+    args = bench_multi_gpu.parse_args(["--transport", "socket", "--torch", "none", "--ours", "1,Z1", "--train", "s"])
+    runs = {name: cmd for name, cmd, _, _ in bench_multi_gpu.plan(args)}
+    assert list(runs) == ["ours 1 GPU", "ours 2 GPUs Z1"]
+    cmd = runs["ours 2 GPUs Z1"]
+    for var in ("NCCL_NVLS_ENABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE"):
+        assert cmd[cmd.index(var) - 1] == "-x"
+    env = bench_multi_gpu.env("socket")
+    assert env["NCCL_P2P_DISABLE"] == env["NCCL_SHM_DISABLE"] == env["NCCL_IB_DISABLE"] == "1"
+    assert env["NCCL_NVLS_ENABLE"] == "0"
+    assert bench_multi_gpu.env("default") == bench_multi_gpu.ENV
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--gpus", "1,2"], ["--gpus 1,2", "2 or more"]),
+    (["--gpus", "two"], ["--gpus two", "comma-separated"]),
+    (["--ours", "1,Z1,X"], ["'X'"]),
+    (["--torch", "ddp,jax"], ["'jax'"]),
+    (["--transport", "ib"], ["--transport", "'ib'"]),
+])
+def test_bench_rejects(argv, words, capsys):
+    with pytest.raises(SystemExit):
+        bench_multi_gpu.parse_args([*argv, "--train", "s.bin"])
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err, err
+    with pytest.raises(SystemExit):
+        bench_multi_gpu.parse_args([])
+    assert "--train" in capsys.readouterr().err
+
+
+def test_bench_summary(monkeypatch, capsys, tmp_path):
+    """The table and the ratios, from made-up step times (tok/s = tokens per step / mean step); the 8B PyTorch run
+    fails, which the table reports."""
+    ms = {"ours 1 GPU": 100.0, "ours 2 GPUs Z1": 105.0, "ours 2 GPUs Z2": 110.0, "ours 4 GPUs Z1": 108.0,
+          "ours 4 GPUs Z2": 112.0, "ours 4 GPUs Z1 -Q 0": 120.0, "torch 1 GPU": 150.0, "torch DDP 4 GPUs": 170.0,
+          "torch FSDP2 4 GPUs": 160.0, "8B ours 4 GPUs bf16": 2000.0, "8B ours 4 GPUs fp8": 1500.0}
+    argv = ["--gpus", "2,4", "--ours", "1,Z1,Z2,Q0", "--with_8b", "--train", "s", "--out", str(tmp_path)]
+    by_log = {bench_multi_gpu.log_name(name): name for name, _, _, _ in
+              bench_multi_gpu.plan(bench_multi_gpu.parse_args(argv))}
+
+    def fake_run(cmd, log_path, tokens, run_env):
+        name = by_log[os.path.basename(log_path)]
+        return (ms[name], tokens / (ms[name] / 1000), ms[name], 10.0) if name in ms else None
+
+    monkeypatch.setattr(bench_multi_gpu, "run", fake_run)
+    bench_multi_gpu.main(argv)
+    out = capsys.readouterr().out
+    assert "our scaling 1 -> 2 GPUs: Z1 0.952, Z2 0.909" in out, out
+    assert "our scaling 1 -> 4 GPUs: Z1 0.926, Z2 0.893" in out
+    assert "ours / PyTorch on 1 GPU: 1.500" in out
+    assert "ours Z1 / PyTorch DDP on 4 GPUs: 1.574" in out and "PyTorch DDP scaling 1 -> 4 GPUs: 0.882" in out
+    assert "gradient reduction on 4 GPUs: 20.0 ms per step not overlapped, 8.0 ms exposed when overlapped: 60% hidden" \
+        in out
+    assert re.search(r"^8B torch FSDP2 4 GPUs +failed", out, re.M)
+    assert "llama3.1-8B T=8192 on 4 GPUs, tok/s per GPU: ours bf16 4096, fp8 5461" in out
