@@ -29,6 +29,7 @@ NCCL_NVLS_ENABLE=0 is set for every run.
 import argparse
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -128,6 +129,7 @@ def parse_args(argv=None):
     parser.add_argument("--ours", default="1,Z1,Z0,Z2,Q0",
                         help="which of our runs: 1 (one GPU), Z<stage> (-Z <stage> on each count; Z1 always runs), "
                              "Q0 (Z1 with -Q 0 on the largest count)")
+    parser.add_argument("--ours_flags", default="", help="trainer flags for every run of ours, e.g. '-M fp8'")
     parser.add_argument("--with_8b", action="store_true", help="also llama3.1-8B at T=8192 on the largest count")
     parser.add_argument("--stage_8b", type=int, default=1, help="our ZeRO stage for the 8B")
     parser.add_argument("--transport", default="default", choices=sorted(TRANSPORTS),
@@ -167,7 +169,7 @@ def ours_cmd(args, n, config, B, T, *flags):
     nccl = ["NCCL_NVLS_ENABLE", *TRANSPORTS[args.transport]]
     launcher = ["mpirun", "-np", str(n), "--bind-to", "none", *[a for v in nccl for a in ("-x", v)]] if n > 1 else []
     return launcher + [args.binary, "-c", config, "-i", args.train, "-j", "", "-b", str(B), "-t", str(T), "-x",
-                       str(args.steps), "-l", "3e-4", "-v", "0", *flags]
+                       str(args.steps), "-l", "3e-4", "-v", "0", *shlex.split(args.ours_flags), *flags]
 
 
 def torch_cmd(args, n, mode, config, B, T, *flags):

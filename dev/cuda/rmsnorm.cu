@@ -590,6 +590,22 @@ int main(int argc, char** argv) {
         snprintf(name, sizeof(name), version >= 4 ? "backward version %d (+ out)" : "backward version %d", version);
         report_bandwidth(name, ms, (version >= 4 ? 5 : 4) * row_bytes + N * 4.0);
     }
+    // the FP8 mode's amax outputs (the trainer's calls): fused forward with the amax of out, backward with dinp's
+    float* d_amax;
+    cudaCheck(cudaMalloc(&d_amax, sizeof(float)));
+    ms = benchmark_ms(20, [&] { fused_residual_rmsnorm_forward(d_res, d_out, d_rstd, d_x, d_y, d_w, N, C, 1e-5f, 0); });
+    report_bandwidth("fused forward", ms, 4 * row_bytes + N * 4.0);
+    ms = benchmark_ms(20, [&] {
+        fused_residual_rmsnorm_forward(d_res, d_out, d_rstd, d_x, d_y, d_w, N, C, 1e-5f, 0, d_amax);
+    });
+    report_bandwidth("fused forward + amax", ms, 4 * row_bytes + N * 4.0);
+    ms = benchmark_ms(20, [&] { rmsnorm_backward(d_dinp, d_dw, d_scratch, d_out, d_g, d_x, d_w, d_rstd, N, C, true, 0); });
+    report_bandwidth("backward (+ out)", ms, 5 * row_bytes + N * 4.0);
+    ms = benchmark_ms(20, [&] {
+        rmsnorm_backward(d_dinp, d_dw, d_scratch, d_out, d_g, d_x, d_w, d_rstd, N, C, true, 0, d_amax);
+    });
+    report_bandwidth("backward (+ out) + amax", ms, 5 * row_bytes + N * 4.0);
+    cudaCheck(cudaFree(d_amax));
 
     for (void* p : {(void*)d_x, (void*)d_y, (void*)d_w, (void*)d_g, (void*)d_out, (void*)d_res, (void*)d_dinp,
                     (void*)d_dw, (void*)d_rstd, (void*)d_scratch})

@@ -101,6 +101,22 @@ int main(int argc, char** argv) {
     report_bandwidth("forward + amax", ms, 3.0 * NF * sizeof(floatX));
     ms = benchmark_ms(20, [&] { swiglu_backward(d_dinp, d_out, d_dout, d_inp, N, F, 0, d_amax); });
     report_bandwidth("backward + out + amax", ms, 6.0 * NF * sizeof(floatX));
+    // the amax kernels' grid: blocks per SM (132 SMs), striding; the last, one block per 256 threads (no stride)
+    unsigned int* bits = reinterpret_cast<unsigned int*>(d_amax);
+    for (int per_sm : {8, 16, 32, 64, 0}) {
+        unsigned grid = per_sm ? 132 * per_sm : (unsigned)ceil_div<size_t>(NF / VEC16, SWIGLU_BLOCK);
+        char name[64];
+        snprintf(name, sizeof(name), "forward + amax, %u blocks", grid);
+        ms = benchmark_ms(20, [&] {
+            swiglu_forward_kernel<VEC16, true><<<grid, SWIGLU_BLOCK>>>(d_out, bits, d_inp, N, F);
+        });
+        report_bandwidth(name, ms, 3.0 * NF * sizeof(floatX));
+        snprintf(name, sizeof(name), "backward + amax, %u blocks", grid);
+        ms = benchmark_ms(20, [&] {
+            swiglu_backward_kernel<VEC16, true><<<grid, SWIGLU_BLOCK>>>(d_dinp, d_out, bits, d_dout, d_inp, N, F);
+        });
+        report_bandwidth(name, ms, 6.0 * NF * sizeof(floatX));
+    }
     cudaCheck(cudaFree(d_amax));
     cudaCheck(cudaFree(d_inp));
     cudaCheck(cudaFree(d_dout));

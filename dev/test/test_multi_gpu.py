@@ -148,23 +148,27 @@ def test_gpus_match_one_gpu_with_accumulation(build, shards, tmp_path, gpus):
     assert not failures, failures
 
 
-@pytest.mark.parametrize("precision", ["FP32", "BF16"])
+@pytest.mark.parametrize("precision", ["FP32", "BF16", "FP8"])
 def test_zero_stages_agree_bit_for_bit(build, shards, tmp_path, precision):
-    """Without clipping the norm never enters the update, so stages 0, 1 and 2 must give the same bits."""
+    """Without clipping the norm never enters the update, so stages 0, 1 and 2 must give the same bits (FP8: the BF16
+    build's FP8 mode, whose amaxes and scales are taken per rank from that rank's tensors, as on one GPU)."""
+    train, mode = (build["BF16"], ("-M", "fp8")) if precision == "FP8" else (build[precision], ())
     results = {}
     for stage in ("0", "1", "2"):
-        r = run(mpirun(2, [build[precision], *train_args(shards, tmp_path / f"z{stage}", 8, "-G", "0", "-Z", stage)]))
+        r = run(mpirun(2, [train, *train_args(shards, tmp_path / f"z{stage}", 8, "-G", "0", "-Z", stage, *mode)]))
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"ZeRO stage {stage}" in r.stdout
         results[stage] = [(s, l) for s, l, _ in raw_steps(r.stdout)]
     assert len(results["0"]) == 8
     assert results["0"] == results["1"] == results["2"], results
-    again = run(mpirun(2, [build[precision], *train_args(shards, tmp_path / "again", 8, "-G", "0", "-Z", "1")]))
+    again = run(mpirun(2, [train, *train_args(shards, tmp_path / "again", 8, "-G", "0", "-Z", "1", *mode)]))
     assert [(s, l) for s, l, _ in raw_steps(again.stdout)] == results["1"]
 
 
 @pytest.mark.parametrize("gpus,options", [(2, ("-Z", "1")), (2, ("-Z", "2")), (2, ("-Z", "2", "-g", "4096")),
                                           (2, ("-Z", "1", "-W", "0", "-O", "bf16")),
+                                          (2, ("-Z", "0", "-M", "fp8")), (2, ("-Z", "1", "-M", "fp8")),
+                                          (2, ("-Z", "2", "-M", "fp8")),
                                           pytest.param(8, ("-Z", "1"), marks=needs_gpus(8)),
                                           pytest.param(8, ("-Z", "2"), marks=needs_gpus(8))])
 def test_resume_is_bit_identical(build, shards, tmp_path, gpus, options):
