@@ -36,6 +36,8 @@
 //        backward 0.200 (1340) -> 0.145 (1850) -> 0.137 (1965); with out: 0.155 (2160) -> 0.145 (2320)
 //   fp32 forward 0.145 (1845) -> 0.104 (2570); fused residual forward 0.241 (2230) -> 0.194 (2763);
 //        backward 0.378 (1420) -> 0.281 (1911) -> 0.279 (1927)
+// With the FP8 mode's amax of what they write (block_commit_amax), H200, 1B shape (2026-11-26): fused residual
+// forward 0.0788 -> 0.0848 ms, backward (+ out) 0.1141 -> 0.1162 ms.
 // In the 1B step (33 backward and 65 forward calls) that is about 2.9 ms of kernel time (before backward 4 took
 // over the 32 recompute forwards).
 //

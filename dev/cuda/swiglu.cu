@@ -5,6 +5,9 @@
 //   the backward optionally writes out again (the trainer's recompute): checked bit for bit against the forward.
 //   Both optionally take the amax of what they write (out, dinp) for the FP8 mode: checked bit for bit, with the
 //   tensors unchanged.
+// H200, N = 16384, F = 8192 (2026-11-26): forward 0.1965 ms, backward + out 0.3857; with the amax, by grid (blocks
+// per SM, striding): 8: 0.2412 / 0.4252, 16: 0.2162 / 0.4173, 32: 0.2087 / 0.4077, 64 (kept): 0.2054 / 0.4019, a
+// block per 256 threads (no stride, 65536 atomics): 0.2308 / 0.4225.
 //
 // version 1 = llmc/swiglu.cuh. F = 72 and 8192 take the 16-byte path in both precisions, F = 100 only in fp32, F = 50
 // never. Inputs are scaled by 4 so the gate reaches the saturated ends of the sigmoid.
