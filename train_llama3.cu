@@ -566,6 +566,7 @@ struct Llama3 {
                 else matmul_forward(a.branch_out.ptr, hact, w2, N, F, C, stream);
                 floatX* x_next = a.residual.ptr + (l + 1) * NC;
                 if (l + 1 < L) {
+                    wait_params_gathered(l + 2);  // the next layer's attn_norm, read here (ZeRO 1/2 gathers)
                     fused_residual_rmsnorm_forward(x_next, layer_slice(a.ln1, l + 1, NC),
                                                    a.rstd1.ptr + (size_t)(l + 1) * N, mid, a.branch_out.ptr,
                                                    p.attn_norm + (size_t)(l + 1) * C, N, C, c.norm_eps, stream,
