@@ -50,18 +50,23 @@ DEBUG_CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def debug_states(tmp_path_factory):
+def write_debug_states(out, cases, *recipe):
+    """{case: (model path, debug state path)}, each written into `out` by scripts/train_llama3.py on the GPU with
+    the error section of `recipe` (none: bf16 autocast's)."""
     skip_without_torch()
-    out = tmp_path_factory.mktemp("debug")
     states = {}
-    for name, args in DEBUG_CASES.items():
+    for name, args in cases.items():
         model, debug = out / f"{name}_model.bin", out / f"{name}_debug.bin"
         result = run([sys.executable, "scripts/train_llama3.py", *args, "--steps", "10", "--device", "cuda",
-                      "--write_model", str(model), "--write_debug", str(debug)])
+                      "--write_model", str(model), *recipe, "--write_debug", str(debug)])
         assert result.returncode == 0, result.stdout + result.stderr
         states[name] = (str(model), str(debug))
     return states
+
+
+@pytest.fixture(scope="module")
+def debug_states(tmp_path_factory):
+    return write_debug_states(tmp_path_factory.mktemp("debug"), DEBUG_CASES)
 
 
 @pytest.mark.parametrize("precision", ["FP32", "BF16"])
@@ -106,19 +111,10 @@ def tie_out_build(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fp8_debug_states(tmp_path_factory):
-    skip_without_torch()
-    out = tmp_path_factory.mktemp("fp8_debug")
-    states = {}
-    for name, args in FP8_DEBUG_CASES.items():
-        model, debug = out / f"{name}_model.bin", out / f"{name}_fp8_debug.bin"
-        # --fp8_scaled_mm: PyTorch's FP8 products on the GPU's FP8 tensor cores (torch._scaled_mm), which add in the
-        # same limited window as ours (llmc/matmul_fp8.cuh): the exact-sum emulation misses that part of the error
-        # (its bound on the loss at llama3.2-1B-d2 was 15.9 times too tight on an H200)
-        result = run([sys.executable, "scripts/train_llama3.py", *args, "--steps", "10", "--device", "cuda",
-                      "--write_model", str(model), "--fp8", "--fp8_scaled_mm", "--write_debug", str(debug)])
-        assert result.returncode == 0, result.stdout + result.stderr
-        states[name] = (str(model), str(debug))
-    return states
+    # --fp8_scaled_mm: PyTorch's FP8 products on the GPU's FP8 tensor cores (torch._scaled_mm), which add in the
+    # same limited window as ours (llmc/matmul_fp8.cuh): the exact-sum emulation misses that part of the error
+    # (its bound on the loss at llama3.2-1B-d2 was 15.9 times too tight on an H200)
+    return write_debug_states(tmp_path_factory.mktemp("fp8_debug"), FP8_DEBUG_CASES, "--fp8", "--fp8_scaled_mm")
 
 
 def fp8_tie_out(binary, model, debug, *extra):
