@@ -1145,6 +1145,8 @@ static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, 
         model.forward(tokens.data(), nullptr, 1, n);
         matmul_forward(model.acts.logits, model.acts.lnf.ptr + (size_t)(n - 1) * c.dim,
                        model.weights.lm_head(model.stream), 1, c.dim, c.vocab_size, model.stream);
+        // ZeRO-3's forwards gather: wait with the collective timeout (-T) before the copy to pageable memory waits
+        stream_sync(model.stream);
         cudaCheck(cudaMemcpyAsync(logits.data(), model.acts.logits, c.vocab_size * sizeof(floatX),
                                   cudaMemcpyDeviceToHost, model.stream));
         cudaCheck(cudaStreamSynchronize(model.stream));
