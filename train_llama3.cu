@@ -12,10 +12,11 @@
 // cores instead, forward and backward (llmc/matmul_fp8.cuh); the rest stays as it is.
 //
 // Several GPUs (mpirun -np N ./train_llama3cu ...): data parallel, one process per GPU, each rank a part of every
-// batch; gradients are summed over the ranks while the backward runs, and with -Z 1 or 2 each rank keeps only its
-// shard of the optimizer state (and with 2 of the gradients). llmc/multi_gpu.cuh has the processes, the collectives
-// and the gradients' buffers and reductions (Gradients), llmc/shard_layout.h the shard layout; this file says when
-// they happen.
+// batch; gradients are summed over the ranks while the backward runs, and with -Z 1, 2 or 3 each rank keeps only its
+// shard of the optimizer state (with 2 also of the gradients, with 3 also of the weights, each layer gathered as the
+// passes reach it). llmc/multi_gpu.cuh has the processes, the collectives, the gradients' buffers and reductions
+// (Gradients) and the weights' gathers (Weights), llmc/shard_layout.h the shard layout; this file says when they
+// happen.
 #include <unistd.h>
 
 #include <algorithm>
@@ -91,7 +92,7 @@ enum Fp8Product { FP8_QKV, FP8_WO, FP8_W13, FP8_W2, FP8_PRODUCTS };
 
 // ----------------------------------------------------------------------------------------------------------------
 // The optimizer: AdamW (llmc/adamw.cuh) and its state for `count` elements in flat parameter order: the whole model,
-// or with a sharded optimizer (ZeRO stage 1 or 2) this rank's shard, its part of every slice back to back
+// or with a sharded optimizer (ZeRO stages 1 to 3) this rank's shard, its part of every slice back to back
 // (llmc/multi_gpu.cuh). `master` holds fp32 master weights of the bf16 params (absent with -W 0 and in fp32 builds,
 // whose params are fp32 already); the moments m, v are fp32, or bf16 with -O bf16 (stochastically rounded).
 
@@ -177,21 +178,20 @@ struct Optimizer {
         }
     }
 
-    // A sharded optimizer: this rank's part of every slice, from its gradient shard, group by group in the order the
-    // next forward uses the weights (group 0: the head tensors, group l + 1: layer l). After each group's launches,
-    // group_done(group, its slice indices) lets the caller gather the updated parts.
-    template <typename GroupDone>
-    void update_shard(floatX* params, const floatX* grad_shard, const ShardLayout& shards, const AdamWStep& s,
-                      cudaStream_t stream, GroupDone group_done) {
+    // A sharded optimizer: this rank's part of every slice (in weights.params), from its gradient shard, group by
+    // group in the order the next forward uses the weights (group 0: the head tensors, group l + 1: layer l). After
+    // each group's launches the weights gather what they need of it (Weights::part_updated).
+    void update_shard(Weights& weights, const floatX* grad_shard, const ShardLayout& shards, const AdamWStep& s,
+                      cudaStream_t stream) {
         for (int group = 0; group <= (int)shards.layer_slices.size(); group++) {
             const std::vector<int>& indices = group == 0 ? shards.head_slices : shards.layer_slices[group - 1];
             for (int i : indices) {
                 const ParamSlice& slice = shards.slices[i];
                 size_t at = shards.shard_offset(slice), part = shards.part(slice);
-                update(params + shards.owned_offset(slice), grad_shard + at, at, part, slice.tensor, s, stream,
+                update(weights.part(slice), grad_shard + at, at, part, slice.tensor, s, stream,
                        slice.tensor_offset + shards.rank * part);
             }
-            group_done(group, indices);
+            weights.part_updated(group, stream);
         }
     }
 
@@ -247,18 +247,15 @@ struct Optimizer {
 struct Llama3 {
     Llama3Config config;
     size_t num_params = 0;
-    DeviceBuffer<floatX> params;
+    // The parameters (weights.params) and where the passes read them (llmc/multi_gpu.cuh): stages 0 to 2 hold the
+    // whole model, stage 3 this rank's shard, each layer gathered as the passes reach it.
+    Weights weights;
     // Where the backward writes the gradients, and on several GPUs their sum over the ranks (llmc/multi_gpu.cuh).
     // Stage 0: every buffer is whole. Stage 1: the optimizer holds this rank's shard (optimizer.count = num_params /
-    // ranks) and grads.summed its part of the summed gradients. Stage 2: also grads.buffer is only scratch.
+    // ranks) and grads.summed its part of the summed gradients. Stages 2 and 3: also grads.buffer is only scratch.
     Gradients grads;
     Optimizer optimizer;
     DeviceBuffer<double> reduce_scratch;
-    // Stages 1 and 2 gather the updated weights on grads.comm_stream in the order the next forward needs them: the
-    // head tensors (group 0), then layer l (group l + 1). The forward waits for each group just before it uses it.
-    cudaEvent_t part_updated = nullptr;
-    std::vector<cudaEvent_t> params_gathered;
-    bool gather_pending = false;
     int recompute = 0;                 // activation recomputation level: 0 none, 1 norms + swiglu, 2 also w13
     bool fp8_mode = false;             // -M fp8: the layers' products in FP8, with their scratch
     Fp8LinearScales fp8_scales;
@@ -281,22 +278,13 @@ struct Llama3 {
     cudaEvent_t losses_staged = nullptr;
     Profiler profiler;
 
-    // The shard layout for this run's ranks (stops with a message when the model does not split evenly), and on
-    // several GPUs the streams and events of the collectives.
-    void setup_ranks() {
-        grads.setup(config);
-        if (g_multi_gpu.world > 1) {
-            cudaCheck(cudaEventCreateWithFlags(&part_updated, cudaEventDisableTiming));
-            params_gathered.resize(config.n_layers + 1);
-            for (cudaEvent_t& e : params_gathered) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        }
-        reduce_scratch = DeviceBuffer<double>(1);
-    }
-
+    // The parameters, gradients and optimizer state for this run's ranks (the shard layout stops with a message when
+    // a sharded stage cannot split the model evenly), and on several GPUs the streams and events of the collectives.
     void allocate_params() {
         num_params = param_layout(config).total;
-        setup_ranks();
-        params = DeviceBuffer<floatX>(num_params);
+        grads.setup(config);
+        reduce_scratch = DeviceBuffer<double>(1);
+        weights.allocate(config, grads.shards, grads.comm_stream);
         grads.allocate();
         optimizer.allocate(grads.sharded() ? grads.shards.shard_size : num_params);
         optimizer.allocate_moments();
@@ -307,31 +295,35 @@ struct Llama3 {
         cudaCheck(cudaMemcpy(rope_table.ptr, table.data(), table.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
 
+    // Every element's value depends only on (seed, tensor, index within the tensor) (llmc/init.cuh), so each rank
+    // draws what it keeps and all agree: the whole model, or with ZeRO-3 its parts; a sharded master its parts.
     void init_from_scratch(const Llama3Config& c, uint64_t seed) {
         config = c;
         allocate_params();
         ParamLayout layout = param_layout(c);
         float residual_std = 0.02f / sqrtf(2.0f * c.n_layers);
-        // every rank draws the whole model (the same seed: the same weights); a sharded master keeps its parts
-        DeviceBuffer<float>& master = optimizer.master;
-        DeviceBuffer<float> whole_master;
-        if (master.ptr && grads.sharded()) whole_master = DeviceBuffer<float>(num_params);
-        float* init_master = grads.sharded() ? whole_master.ptr : master.ptr;
-        size_t offset = 0;
-        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        auto init_std = [&](int t) {
             bool residual_projection = t == WO || t == W2;
-            float std = !param_is_matrix(t) ? 0.0f : (residual_projection ? residual_std : 0.02f);
-            init_tensor(params.ptr + offset, init_master ? init_master + offset : nullptr, layout.sizes[t], std, seed,
-                        t, stream);
-            offset += layout.sizes[t];
-        }
-        if (whole_master.ptr) {
-            const ShardLayout& shards = grads.shards;
-            for (const ParamSlice& s : shards.slices) {
-                cudaCheck(cudaMemcpyAsync(master.ptr + shards.shard_offset(s), whole_master.ptr + shards.owned_offset(s),
-                                          shards.part(s) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+            return !param_is_matrix(t) ? 0.0f : (residual_projection ? residual_std : 0.02f);
+        };
+        float* master = optimizer.master.ptr;
+        if (weights.stage != 3) {
+            size_t offset = 0;
+            for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+                init_tensor(weights.params.ptr + offset, master && !grads.sharded() ? master + offset : nullptr,
+                            layout.sizes[t], init_std(t), seed, t, stream);
+                offset += layout.sizes[t];
             }
         }
+        const ShardLayout& shards = grads.shards;
+        if (weights.stage == 3 || (master && grads.sharded())) {
+            for (const ParamSlice& s : shards.slices) {
+                size_t part = shards.part(s);
+                init_tensor(weights.part(s), master ? master + shards.shard_offset(s) : nullptr, part,
+                            init_std(s.tensor), seed, s.tensor, stream, s.tensor_offset + shards.rank * part);
+            }
+        }
+        weights.params_written(stream);
         cudaCheck(cudaStreamSynchronize(stream));
     }
 
@@ -341,18 +333,28 @@ struct Llama3 {
         upload_fp32(host);
     }
 
-    // Sets params (and master) from fp32 host values.
+    // Sets the params (the whole model, or with ZeRO-3 this rank's parts) and master from the whole model's fp32 host
+    // values.
     void upload_fp32(const std::vector<float>& host) {
-        std::vector<floatX> converted(host.size());
-        for (size_t i = 0; i < host.size(); i++) converted[i] = (floatX)host[i];
-        cudaCheck(cudaMemcpy(params.ptr, converted.data(), params.bytes(), cudaMemcpyHostToDevice));
+        const ShardLayout& shards = grads.shards;
+        std::vector<floatX> converted(weights.params.count);
+        if (weights.stage != 3) {
+            for (size_t i = 0; i < host.size(); i++) converted[i] = (floatX)host[i];
+        } else {
+            for (const ParamSlice& s : shards.slices) {
+                for (size_t j = 0; j < shards.part(s); j++) {
+                    converted[shards.shard_offset(s) + j] = (floatX)host[shards.owned_offset(s) + j];
+                }
+            }
+        }
+        cudaCheck(cudaMemcpy(weights.params.ptr, converted.data(), weights.params.bytes(), cudaMemcpyHostToDevice));
+        weights.params_written(stream);
         DeviceBuffer<float>& master = optimizer.master;
         if (master.ptr == nullptr) return;
         if (!grads.sharded()) {
             cudaCheck(cudaMemcpy(master.ptr, host.data(), master.bytes(), cudaMemcpyHostToDevice));
             return;
         }
-        const ShardLayout& shards = grads.shards;
         for (const ParamSlice& s : shards.slices) {
             cudaCheck(cudaMemcpy(master.ptr + shards.shard_offset(s), host.data() + shards.owned_offset(s),
                                  shards.part(s) * sizeof(float), cudaMemcpyHostToDevice));
@@ -360,21 +362,21 @@ struct Llama3 {
     }
 
     // Writes the model in our checkpoint format, in the build's precision: the parameters exactly as they are
-    // (in bf16 builds the exact master weights go to the training state).
-    void save(const char* path) const {
-        save_checkpoint_fp32(path, config, params_fp32().data(), sizeof(floatX) == 4 ? DTYPE_FP32 : DTYPE_BF16);
+    // (in bf16 builds the exact master weights go to the training state). Every rank calls it (ZeRO-3 gathers the
+    // weights for it); rank 0 writes.
+    void save(const char* path) {
+        std::vector<float> whole = weights.whole_fp32(stream);
+        if (g_multi_gpu.rank == 0) {
+            save_checkpoint_fp32(path, config, whole.data(), sizeof(floatX) == 4 ? DTYPE_FP32 : DTYPE_BF16);
+        }
     }
 
-    // The same parameters as a Hugging Face directory (llmc/hf_model.h).
-    void save_hf(const char* dir) const {
-        save_hf_model(dir, config, params_fp32().data(), sizeof(floatX) == 4 ? DTYPE_FP32 : DTYPE_BF16);
-    }
-
-    std::vector<float> params_fp32() const {
-        if (gather_pending) stream_sync(grads.comm_stream);
-        std::vector<floatX> raw(num_params);
-        cudaCheck(cudaMemcpy(raw.data(), params.ptr, params.bytes(), cudaMemcpyDeviceToHost));
-        return std::vector<float>(raw.begin(), raw.end());
+    // The same parameters as a Hugging Face directory (llmc/hf_model.h); every rank calls it, rank 0 writes.
+    void save_hf(const char* dir) {
+        std::vector<float> whole = weights.whole_fp32(stream);
+        if (g_multi_gpu.rank == 0) {
+            save_hf_model(dir, config, whole.data(), sizeof(floatX) == 4 ? DTYPE_FP32 : DTYPE_BF16);
+        }
     }
 
     // Activations for batches of up to B x T; the classifier works on chunks of rows so the (rows, V) logits never
@@ -475,7 +477,6 @@ struct Llama3 {
         int N = b * t, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, hd = c.head_dim(), QKV = c.qkv_dim();
         int F = c.ffn_hidden, L = c.n_layers;
         size_t NC = (size_t)N * C;
-        ParamTensors<floatX> p = point_params(params.ptr, c);
         Activations& a = acts;
         Profiler& prof = profiler;
         const bool fp8 = fp8_products(N);
@@ -495,14 +496,19 @@ struct Llama3 {
 
         // FP8: the products' amax slots (Fp8LinearScales), filled by the kernels that write their inputs
         auto inp_amax = [&](int l, Fp8Product product) { return fp8 ? f8.inp_amax(fp8_slot(l, product)) : nullptr; };
+        // ZeRO-3: the embedding's and the first two layers' gathers (those that their slots lack); after each layer
+        // its slot gathers the layer two ahead (llmc/multi_gpu.cuh Weights)
+        const floatX* embedding = weights.embedding(stream);
+        weights.prefetch(0, stream);
+        weights.prefetch(1, stream);
         {
             ProfileScope region(prof, "fwd embedding + norm");
-            wait_params_gathered(0);
             if (fp8) f8.clear_forward_amax(stream);
-            encoder_forward(a.residual.ptr, a.inputs.ptr, p.tok_embedding, N, C, stream);
+            encoder_forward(a.residual.ptr, a.inputs.ptr, embedding, N, C, stream);
+            weights.prefetch_lm_head(stream);  // ZeRO-3: an untied one takes the embedding's place
             // later layers' input norms are fused with the residual add at the end of the previous layer
-            rmsnorm_forward(layer_slice(a.ln1, 0, NC), a.rstd1.ptr, a.residual.ptr, p.attn_norm, N, C, c.norm_eps,
-                            stream, inp_amax(0, FP8_QKV));
+            rmsnorm_forward(layer_slice(a.ln1, 0, NC), a.rstd1.ptr, a.residual.ptr, weights.layer(0, stream).attn_norm,
+                            N, C, c.norm_eps, stream, inp_amax(0, FP8_QKV));
         }
         for (int l = 0; l < L; l++) {
             floatX* x = a.residual.ptr + l * NC;
@@ -513,11 +519,8 @@ struct Llama3 {
             floatX* ln2 = layer_slice(a.ln2, l, NC);
             floatX* h13 = layer_slice(a.h13, l, (size_t)N * 2 * F);
             floatX* hact = layer_slice(a.hact, l, (size_t)N * F);
-            const floatX* wqkv = p.wqkv + (size_t)l * QKV * C;
-            const floatX* wo = p.wo + (size_t)l * C * H * hd;
-            const floatX* w13 = p.w13 + (size_t)l * 2 * F * C;
-            const floatX* w2 = p.w2 + (size_t)l * C * F;
-            wait_params_gathered(l + 1);
+            const ParamTensors<floatX> w = weights.layer(l, stream);
+            const floatX *wqkv = w.wqkv, *wo = w.wo, *w13 = w.w13, *w2 = w.w2;
             if (fp8) {
                 ProfileScope region(prof, "fwd fp8 weight amax");
                 float* amax[] = {f8.weight_amax(fp8_slot(l, FP8_QKV)), f8.weight_amax(fp8_slot(l, FP8_WO)),
@@ -547,9 +550,8 @@ struct Llama3 {
                 } else {
                     matmul_forward(a.branch_out.ptr, atty, wo, N, H * hd, C, stream);
                 }
-                fused_residual_rmsnorm_forward(mid, ln2, a.rstd2.ptr + (size_t)l * N, x, a.branch_out.ptr,
-                                               p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream,
-                                               inp_amax(l, FP8_W13));
+                fused_residual_rmsnorm_forward(mid, ln2, a.rstd2.ptr + (size_t)l * N, x, a.branch_out.ptr, w.ffn_norm,
+                                               N, C, c.norm_eps, stream, inp_amax(l, FP8_W13));
             }
             {
                 ProfileScope region(prof, "fwd w13 matmul + swiglu");
@@ -564,20 +566,20 @@ struct Llama3 {
                 ProfileScope region(prof, "fwd w2 matmul + norm");
                 if (fp8) fp8_linear_forward(a.branch_out.ptr, hact, w2, N, F, C, fp8_slot(l, FP8_W2), fc, f8, stream);
                 else matmul_forward(a.branch_out.ptr, hact, w2, N, F, C, stream);
+                weights.prefetch(l + 2, stream);  // ZeRO-3: this layer's slot is read no more
                 floatX* x_next = a.residual.ptr + (l + 1) * NC;
                 if (l + 1 < L) {
                     wait_params_gathered(l + 2);  // the next layer's attn_norm, read here (ZeRO 1/2 gathers)
                     fused_residual_rmsnorm_forward(x_next, layer_slice(a.ln1, l + 1, NC),
                                                    a.rstd1.ptr + (size_t)(l + 1) * N, mid, a.branch_out.ptr,
-                                                   p.attn_norm + (size_t)(l + 1) * C, N, C, c.norm_eps, stream,
+                                                   weights.layer(l + 1, stream).attn_norm, N, C, c.norm_eps, stream,
                                                    inp_amax(l + 1, FP8_QKV));
                 } else {
                     fused_residual_rmsnorm_forward(x_next, a.lnf.ptr, a.rstdf.ptr, mid, a.branch_out.ptr,
-                                                   p.final_norm, N, C, c.norm_eps, stream);
+                                                   weights.final_norm(stream), N, C, c.norm_eps, stream);
                 }
             }
         }
-        gather_pending = false;  // every later use of the weights is queued after these waits
     }
 
     // The classifier on the last forward's (b, t) rows, with the targets it uploaded: the logits, chunk by chunk so
@@ -587,18 +589,18 @@ struct Llama3 {
     void classifier(int b, int t, float dloss) {
         const Llama3Config& c = config;
         int N = b * t, C = c.dim, V = c.vocab_size;
-        ParamTensors<floatX> p = point_params(params.ptr, c);
+        const floatX* lm_head = weights.lm_head(stream);
         Activations& a = acts;
         ParamTensors<floatX> g = grads.head();
         ProfileScope scope(profiler, "classifier (fwd + bwd)");
         for (int row = 0; row < N; row += classifier_chunk) {
             int rows = std::min(classifier_chunk, N - row);
-            matmul_forward(a.logits, a.lnf.ptr + (size_t)row * C, p.lm_head, rows, C, V, stream);
+            matmul_forward(a.logits, a.lnf.ptr + (size_t)row * C, lm_head, rows, C, V, stream);
             fused_classifier(a.logits, a.losses.ptr + row, dloss, a.targets.ptr + row, rows, V, dloss != 0.0f,
                              stream);
             if (dloss != 0.0f) {
                 matmul_backward(a.branch_out.ptr + (size_t)row * C, g.lm_head, a.logits, a.lnf.ptr + (size_t)row * C,
-                                p.lm_head, rows, C, V, !(overwrite_grads && row == 0), stream);
+                                lm_head, rows, C, V, !(overwrite_grads && row == 0), stream);
             }
         }
     }
@@ -626,15 +628,16 @@ struct Llama3 {
 
     // Backward of the last forward and classifier(..., dloss != 0); gradients accumulate into grads (the first
     // backward after zero_grad writes them). With `reduce` (several GPUs: the last micro-batch of a step, or every
-    // one with stage 2) each layer's gradients are summed over the ranks as soon as the layer is done, overlapping
-    // the layers below; the head tensors go last and are waited for.
-    // `accumulate`: stage 2 adds into the gradient shard instead of overwriting it (micro-batches after the first).
+    // one with stages 2 and 3) each layer's gradients are summed over the ranks as soon as the layer is done,
+    // overlapping the layers below; the head tensors go last and are waited for (stages 2 and 3: an untied lm_head's
+    // first, see Gradients).
+    // `accumulate`: stages 2 and 3 add into the gradient shard instead of overwriting it (micro-batches after the
+    // first).
     void backward(int b, int t, bool reduce = false, bool accumulate = false) {
         const Llama3Config& c = config;
         int N = b * t, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, hd = c.head_dim(), QKV = c.qkv_dim();
         int F = c.ffn_hidden, L = c.n_layers;
         size_t NC = (size_t)N * C;
-        ParamTensors<floatX> p = point_params(params.ptr, c);
         ParamTensors<floatX> hg = grads.head();
         Activations& a = acts;
         floatX* dnorm = a.branch_out.ptr;  // the gradient of each norm's output in turn, from the matmul before it
@@ -647,17 +650,23 @@ struct Llama3 {
         auto grad_amax = [&](int l, Fp8Product product) {
             return fp8 && l >= 0 ? f8.grad_amax(fp8_slot(l, product)) : nullptr;
         };
+        if (reduce) grads.classifier_done(accumulate, stream);  // stages 2 and 3: an untied lm_head's, complete now
+        // ZeRO-3: the last two layers' gathers (the forward's slots still hold them); after each layer its slot
+        // gathers the layer two below
+        weights.prefetch(L - 1, stream);
+        weights.prefetch(L - 2, stream);
         {
             ProfileScope region(prof, "bwd final norm");
             if (fp8) f8.clear_grad_amax(stream);
             cudaCheck(cudaMemsetAsync(a.dresidual.ptr, 0, NC * sizeof(floatX), stream));
             rmsnorm_backward(a.dresidual.ptr, hg.final_norm, a.rmsnorm_scratch.ptr, nullptr, dnorm,
-                             a.residual.ptr + L * NC, p.final_norm, a.rstdf.ptr, N, C, add, stream,
+                             a.residual.ptr + L * NC, weights.final_norm(stream), a.rstdf.ptr, N, C, add, stream,
                              grad_amax(L - 1, FP8_W2));
         }
         for (int l = L - 1; l >= 0; l--) {
             grads.begin_layer(l, stream);
             ParamTensors<floatX> g = grads.layer(l);
+            const ParamTensors<floatX> w = weights.layer(l, stream);
             floatX* x = a.residual.ptr + l * NC;
             floatX* mid = a.residual_mid.ptr + l * NC;
             floatX* ln1 = layer_slice(a.ln1, l, NC);
@@ -668,10 +677,7 @@ struct Llama3 {
             floatX* qkv = a.qkv.ptr + (size_t)l * N * QKV;
             float* rstd1 = a.rstd1.ptr + (size_t)l * N;
             float* rstd2 = a.rstd2.ptr + (size_t)l * N;
-            const floatX* wqkv = p.wqkv + (size_t)l * QKV * C;
-            const floatX* wo = p.wo + (size_t)l * C * H * hd;
-            const floatX* w13 = p.w13 + (size_t)l * 2 * F * C;
-            const floatX* w2 = p.w2 + (size_t)l * C * F;
+            const floatX *wqkv = w.wqkv, *wo = w.wo, *w13 = w.w13, *w2 = w.w2;
             // FP8: the MLP's largest copies go to buffers dead by then: the w13 output gradient's copy to dhact and its
             // transpose to this layer's h13 (both read by the SwiGLU backward before), hact's transpose to dhact
             // (after the SwiGLU backward read it). Each holds at least as many bytes: floatX elements, the same count.
@@ -686,7 +692,7 @@ struct Llama3 {
             // the forward cast them (the same values, hence the same amax and scales).
             if (recompute >= 2) {
                 ProfileScope region(prof, "bwd recompute");
-                rmsnorm_forward(ln2, rstd2, mid, p.ffn_norm + (size_t)l * C, N, C, c.norm_eps, stream);
+                rmsnorm_forward(ln2, rstd2, mid, w.ffn_norm, N, C, c.norm_eps, stream);
                 if (fp8) fp8_linear_forward(h13, ln2, w13, N, C, 2 * F, fp8_slot(l, FP8_W13), bc, f8, stream);
                 else matmul_forward(h13, ln2, w13, N, C, 2 * F, stream);
             }
@@ -714,7 +720,7 @@ struct Llama3 {
                 }
                 else matmul_backward(dnorm, nullptr, a.dh13, nullptr, w13, N, C, 2 * F, add, stream);
                 rmsnorm_backward(a.dresidual.ptr, g.ffn_norm, a.rmsnorm_scratch.ptr, recompute == 1 ? ln2 : nullptr,
-                                 dnorm, mid, p.ffn_norm + (size_t)l * C, rstd2, N, C, add, stream,
+                                 dnorm, mid, w.ffn_norm, rstd2, N, C, add, stream,
                                  grad_amax(l, FP8_WO));
                 if (fp8) {
                     fp8_linear_backward_weight(g.w13, ln2, N, C, 2 * F, fp8_slot(l, FP8_W13), add, w13_copies, f8,
@@ -744,21 +750,23 @@ struct Llama3 {
                 if (fp8) fp8_linear_backward_input(dnorm, a.dqkv, wqkv, N, C, QKV, fp8_slot(l, FP8_QKV), bc, f8, stream);
                 else matmul_backward(dnorm, nullptr, a.dqkv, nullptr, wqkv, N, C, QKV, add, stream);
                 rmsnorm_backward(a.dresidual.ptr, g.attn_norm, a.rmsnorm_scratch.ptr, recompute >= 1 ? ln1 : nullptr,
-                                 dnorm, x, p.attn_norm + (size_t)l * C, rstd1, N, C, add, stream,
+                                 dnorm, x, w.attn_norm, rstd1, N, C, add, stream,
                                  grad_amax(l - 1, FP8_W2));
                 if (fp8) fp8_linear_backward_weight(g.wqkv, ln1, N, C, QKV, fp8_slot(l, FP8_QKV), add, bc, f8, stream);
                 else matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, wqkv, N, C, QKV, add, stream);
             }
+            weights.prefetch(l - 2, stream);  // this layer's slot is read no more
             if (reduce) grads.layer_done(l, accumulate, stream);
         }
         ProfileScope region(prof, "bwd embedding");
         embedding_plan.build(host_inputs.data(), N, stream);
+        grads.begin_embedding(stream);
         encoder_backward(hg.tok_embedding, a.dresidual.ptr, embedding_plan, C, stream);
         overwrite_grads = false;
         if (reduce) grads.head_done(accumulate, stream);
     }
 
-    // The gradients restart at zero. Outside ZeRO stage 2 (which clears its gradient slots itself) that takes no pass
+    // The gradients restart at zero. Outside ZeRO stages 2 and 3 (which clear their gradient slots) that takes no pass
     // over them: the next classifier and backward write every gradient instead of adding to it (beta = 0 in the
     // matmuls, which then do not read it), except the untied embedding's, to which the backward adds row by row;
     // that one alone is cleared here.
@@ -795,33 +803,19 @@ struct Llama3 {
     }
 
     // One AdamW step (step is 1-based) with the gradients scaled by grad_scale; no weight decay on the gains.
-    // Stages 1 and 2: this rank updates its part of every slice (the same arithmetic and random bits as the whole
-    // update), then all ranks exchange their parts. The gathers run on grads.comm_stream, one group at a time as soon
-    // as its parts are updated, and overlap the rest of the update and the next forward (with -Q 0 the main stream
-    // waits for each).
+    // Stages 1 to 3: this rank updates its part of every slice (the same arithmetic and random bits as the whole
+    // update). Stages 1 and 2 then exchange the parts, group by group as soon as each is updated, on
+    // grads.comm_stream, overlapping the rest of the update and the next forward (with -Q 0 the main stream waits for
+    // each); stage 3 gathers the head tensors and the first two layers the same way (Weights::part_updated).
     void update(float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step,
                 unsigned int seed) {
         ProfileScope scope(profiler, "optimizer");
         AdamWStep s{lr, beta1, beta2, eps, weight_decay, grad_scale, step, seed};
         if (!grads.sharded()) {
-            optimizer.update_all(params.ptr, grads.buffer.ptr, config, s, stream);
+            optimizer.update_all(weights.params.ptr, grads.buffer.ptr, config, s, stream);
             return;
         }
-        cudaStream_t comm_stream = grads.comm_stream;
-        optimizer.update_shard(params.ptr, grads.summed.ptr, grads.shards, s, stream,
-                               [&](int group, const std::vector<int>& indices) {
-            cudaCheck(cudaEventRecord(part_updated, stream));
-            cudaCheck(cudaStreamWaitEvent(comm_stream, part_updated));
-            all_gather_params(grads.shards, indices, params.ptr, comm_stream);
-            cudaCheck(cudaEventRecord(params_gathered[group], comm_stream));
-            if (!grads.overlap) cudaCheck(cudaStreamWaitEvent(stream, params_gathered[group]));
-        });
-        gather_pending = grads.overlap;
-    }
-
-    // Before the forward uses group g's weights (0: the head tensors, l + 1: layer l): wait for their gather.
-    void wait_params_gathered(int group) {
-        if (gather_pending) cudaCheck(cudaStreamWaitEvent(stream, params_gathered[group]));
+        optimizer.update_shard(weights, grads.summed.ptr, grads.shards, s, stream);
     }
 
     // FLOPs of one training step per token: 6 per matmul weight (forward 2, backward 4) plus causal attention,
@@ -858,7 +852,7 @@ static int64_t count_targets(const int* targets, size_t n) {
 // A run resumes from a checkpoint written on any number of GPUs with any ZeRO stage: each rank reads its elements
 // of the optimizer state from the files that hold them (llmc/reshard.h).
 
-// The header of this run's state at `step`, for this rank (a sharded optimizer, stage 1 or 2, holds 1/ranks);
+// The header of this run's state at `step`, for this rank (a sharded optimizer, stages 1 to 3, holds 1/ranks);
 // zero_stage is the run's effective stage (0 on one GPU).
 static StateHeader state_header_for(const Llama3Config& c, int step, bool has_master, uint64_t run_id,
                                     int64_t tokens_per_step, int zero_stage) {
@@ -897,8 +891,9 @@ static void save_training_state(const std::string& dir, Llama3& model, int step,
     if (rank != 0) write_state_file(state_path(dir, step, rank), model, step, loader, sampler_rng, run_id,
                                     tokens_per_step);
     all_reduce_sum(1.0, model.reduce_scratch.ptr, model.stream);
+    // rank 0 writes it; it refuses non-finite parameters before writing anything
+    model.save(step_path(dir, "model", step).c_str());
     if (rank == 0) {
-        model.save(step_path(dir, "model", step).c_str());  // refuses non-finite parameters, before writing anything
         write_state_file(state_path(dir, step, 0), model, step, loader, sampler_rng, run_id, tokens_per_step);
     }
 }
@@ -1004,11 +999,12 @@ static void usage(const Options& d) {
     printf("  -p <0|1>    profile: time each region of the step with CUDA events, print a table (default %d)\n",
            d.profile);
     printf("Several GPUs (mpirun -np N ./train_llama3cu ...: one process per GPU, -b is per GPU):\n");
-    printf("  -Z <0|1|2>  ZeRO stage: 0 all-reduce, every GPU keeps the whole optimizer state; 1 each GPU keeps 1/N of\n"
-           "              the master weights and AdamW state; 2 also 1/N of the gradients (default %d)\n", d.zero_stage);
-    printf("  -Q <0|1>    overlap the gradient reduction with the backward and the weight gather with the update and\n"
-           "              the next forward (default %d; 0 waits for each collective, to measure)\n",
-           d.overlap_reduction);
+    printf("  -Z <0-3>    ZeRO stage: 0 all-reduce, every GPU keeps the whole optimizer state; 1 each GPU keeps 1/N\n"
+           "              of the master weights and AdamW state; 2 also 1/N of the gradients; 3 also 1/N of the\n"
+           "              weights, each layer gathered before the forward and the backward use it (default %d)\n",
+           d.zero_stage);
+    printf("  -Q <0|1>    overlap the gradient reduction with the backward and the weight gathers with the update and\n"
+           "              the passes (default %d; 0 waits for each collective, to measure)\n", d.overlap_reduction);
     printf("  -T <int>    seconds to wait for a collective before declaring a rank lost and stopping all (default %d)\n",
            d.collective_timeout);
     printf("  -P <float>  peak TFLOP/s for MFU (default: from the GPU name; H100/H200 989 bf16)\n");
@@ -1103,7 +1099,7 @@ static Options parse_options(int argc, char** argv) {
             case 'R': o.recompute = (int)parse_int(flag, val, 0, 2); break;
             case 'W': o.master_weights = (int)parse_int(flag, val, 0, 1); break;
             case 'p': o.profile = (int)parse_int(flag, val, 0, 1); break;
-            case 'Z': o.zero_stage = (int)parse_int(flag, val, 0, 2); break;
+            case 'Z': o.zero_stage = (int)parse_int(flag, val, 0, 3); break;
             case 'Q': o.overlap_reduction = (int)parse_int(flag, val, 0, 1); break;
             case 'T': o.collective_timeout = (int)parse_int(flag, val, 1, 1 << 30); break;
             case 'O':
@@ -1133,7 +1129,9 @@ static float peak_tflops_for(const char* gpu_name) {
 }
 
 // Samples `length` tokens after <|begin_of_text|>, one forward per token, and prints them decoded. With a prompt,
-// samples after the prompt instead and stops at <|eot_id|> (the end of a chat answer).
+// samples after the prompt instead and stops at <|eot_id|> (the end of a chat answer). Rank 0 calls it, and with
+// ZeRO-3 every rank: its forwards gather the weights, so every rank runs them, each token the one rank 0 drew (the
+// ranks draw the same anyway, from the same logits and RNG: rank 0's keeps them in step for certain).
 static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, uint64_t* rng,
                          const std::vector<int>& prompt) {
     ProfilerPause pause(model.profiler);
@@ -1143,12 +1141,13 @@ static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, 
     int max_len = std::min((int)tokens.size() + length, model.T);
     std::vector<floatX> logits(c.vocab_size);
     std::vector<float> probs(c.vocab_size);
-    ParamTensors<floatX> p = point_params(model.params.ptr, c);
     while ((int)tokens.size() < max_len) {
         int n = (int)tokens.size();
         model.forward(tokens.data(), nullptr, 1, n);
-        matmul_forward(model.acts.logits, model.acts.lnf.ptr + (size_t)(n - 1) * c.dim, p.lm_head, 1, c.dim,
-                       c.vocab_size, model.stream);
+        matmul_forward(model.acts.logits, model.acts.lnf.ptr + (size_t)(n - 1) * c.dim,
+                       model.weights.lm_head(model.stream), 1, c.dim, c.vocab_size, model.stream);
+        // ZeRO-3's forwards gather: wait with the collective timeout (-T) before the copy to pageable memory waits
+        stream_sync(model.stream);
         cudaCheck(cudaMemcpyAsync(logits.data(), model.acts.logits, c.vocab_size * sizeof(floatX),
                                   cudaMemcpyDeviceToHost, model.stream));
         cudaCheck(cudaStreamSynchronize(model.stream));
@@ -1162,6 +1161,7 @@ static void print_sample(Llama3& model, const Tokenizer& tokenizer, int length, 
             u -= probs[i];
             if (u < 0) { next = i; break; }
         }
+        if (model.weights.stage == 3) multi_gpu_broadcast(&next, sizeof(next));
         tokens.push_back(next);
         if (!prompt.empty() && next == tokenizer.eot_id) break;
     }
@@ -1297,7 +1297,7 @@ static Llama3Config resolve_run(const Options& opt, const std::string& out_dir, 
 }
 
 // Flags whose combination does nothing useful: each is an error rather than silently ignored.
-static void check_flag_combinations(const Options& opt, bool have_tokenizer) {
+static void check_flag_combinations(const Options& opt, bool have_tokenizer, int num_ranks) {
     if (opt.checkpoint_every > 0 && opt.out_dir[0] == '\0')
         bad_flag("-n", std::to_string(opt.checkpoint_every).c_str(), "checkpoints need an output dir (-o)");
     if (opt.sample_every > 0 && !have_tokenizer)
@@ -1309,6 +1309,10 @@ static void check_flag_combinations(const Options& opt, bool have_tokenizer) {
     }
     if (opt.val_every > 0 && opt.val_pattern[0] != '\0' && opt.val_batches == 0)
         bad_flag("-m", "0", "evaluates no batch; turn validation off with -v 0 or -j \"\"");
+    // on one GPU every stage's shard is the whole model: -Z 1 (the default) and 2 run as 0 there; -Z 3 is asked for
+    // only to spread the weights over GPUs, which would silently not happen
+    if (opt.zero_stage == 3 && num_ranks == 1)
+        bad_flag("-Z", "3", "ZeRO-3 spreads the weights over several GPUs (mpirun -np N), this run has one; drop -Z 3");
 }
 
 // Every id the sampler feeds the model must be inside its embedding table: the tokenizer's special ids included.
@@ -1363,7 +1367,7 @@ int main(int argc, char** argv) {
                                  config.n_heads * config.head_dim(), config.ffn_hidden));
     }
     bool have_tokenizer = opt.tokenizer_path[0] != '\0';
-    check_flag_combinations(opt, have_tokenizer);
+    check_flag_combinations(opt, have_tokenizer, num_ranks);
 
     DataLoader train_loader, val_loader;
     // each rank reads its own part of every batch
@@ -1432,8 +1436,8 @@ int main(int argc, char** argv) {
     cudaCheck(cudaStreamCreate(&model.stream));
     model.optimizer.use_master = opt.master_weights != 0;
     model.optimizer.bf16_state = strcmp(opt.optimizer_state, "bf16") == 0;
-    model.grads.stage = zero_stage;
-    model.grads.overlap = opt.overlap_reduction != 0;
+    model.grads.stage = model.weights.stage = zero_stage;
+    model.grads.overlap = model.weights.overlap = opt.overlap_reduction != 0;
     model.recompute = opt.recompute;
     model.fp8_mode = fp8;
     model.profiler.timing = opt.profile != 0;
@@ -1485,8 +1489,12 @@ int main(int argc, char** argv) {
     if (mg.world > 1) {
         printf("multi-GPU: ZeRO stage %d | optimizer state per GPU: %zu of %zu elements | gradient reduction %s\n",
                model.grads.stage, model.optimizer.count, model.num_params,
-               model.grads.overlap ? "overlapped with the backward (gather: with the forward)"
+               model.grads.overlap ? "overlapped with the backward (gathers: with the update and the passes)"
                                    : "not overlapped (-Q 0)");
+        if (model.weights.stage == 3) {
+            printf("ZeRO-3: weights per GPU %zu elements, gathered %zu (two layers, the vocabulary table, the final "
+                   "norm)\n", model.weights.params.count, model.weights.gathered.count);
+        }
     }
     printf("flops/token %.3e (6 x matmul weights + 6 L H hd T causal attention)\n", model.flops_per_token(opt.T));
     char fp8_memory[64] = "";
@@ -1549,9 +1557,9 @@ int main(int argc, char** argv) {
             model.forward(micro_inputs[micro].data(), micro_targets[micro].data(), opt.B, opt.T);
             model.classifier(opt.B, opt.T, 1.0f / (float)step_targets);
             // several GPUs: stages 0 and 1 sum the gradients once they are complete (the last micro-batch),
-            // stage 2 every micro-batch into the gradient shard
-            bool reduce = mg.world > 1 && (model.grads.stage == 2 || micro == grad_accum - 1);
-            model.backward(opt.B, opt.T, reduce, model.grads.stage == 2 && micro > 0);
+            // stages 2 and 3 every micro-batch into the gradient shard
+            bool reduce = mg.world > 1 && (model.grads.in_slots() || micro == grad_accum - 1);
+            model.backward(opt.B, opt.T, reduce, model.grads.in_slots() && micro > 0);
             model.stage_losses(micro, opt.B * opt.T);
         }
         bool all_masked = step_targets == 0;
@@ -1598,7 +1606,7 @@ int main(int argc, char** argv) {
         }
         if (have_val && (step % opt.val_every == 0 || step == max_steps)) evaluate(step);
         if (have_tokenizer && opt.sample_every > 0 && (step % opt.sample_every == 0 || step == max_steps) &&
-            mg.rank == 0)
+            (mg.rank == 0 || model.weights.stage == 3))
             print_sample(model, tokenizer, opt.sample_length, &sampler_rng, prompt);
         if (!out_dir.empty() && opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == max_steps)) {
             save_training_state(out_dir, model, step, train_loader, sampler_rng, run.id, total_batch);
@@ -1620,8 +1628,8 @@ int main(int argc, char** argv) {
                peak_used / 1073741824.0);
         model.profiler.report(median_ms);
     }
-    if (opt.export_dir[0] != '\0' && mg.rank == 0) {
-        model.save_hf(opt.export_dir);
+    if (opt.export_dir[0] != '\0') {
+        model.save_hf(opt.export_dir);  // every rank: ZeRO-3 gathers the weights; rank 0 writes
         printf("exported %s (Hugging Face format)\n", opt.export_dir);
     }
     log.close();

@@ -182,6 +182,17 @@ inline bool param_is_matrix(int t) { return !(t == ATTN_NORM || t == FFN_NORM ||
 // lm_head.
 inline bool param_is_per_layer(int t) { return t >= ATTN_NORM && t <= W2; }
 
+// point_params with the per-layer tensors pointing at layer l's slice.
+template <typename T>
+inline ParamTensors<T> layer_tensors(T* base, const Llama3Config& c, int l) {
+    ParamTensors<T> p = point_params(base, c);
+    ParamLayout layout = param_layout(c);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        if (param_is_per_layer(t)) p[t] += (size_t)l * (layout.sizes[t] / c.n_layers);
+    }
+    return p;
+}
+
 
 // RoPE inverse frequencies, computed in double (the PyTorch reference does the same) so both sides agree to the
 // last fp32 bit. Llama 3.1 scaling: wavelengths shorter than original_len/high_freq_factor keep their frequency,

@@ -1,5 +1,5 @@
 // Data parallel training over several GPUs: one process per GPU, launched by MPI, collectives through NCCL, and the
-// ZeRO sharding of the optimizer state (stage 1) and of the gradients (stage 2).
+// ZeRO sharding of the optimizer state (stage 1), of the gradients (stage 2) and of the weights (stage 3).
 //
 // Processes. MPI (mpirun, or srun with MPI) starts one process per GPU and hands the NCCL id from rank 0 to the
 // others; every collective afterwards is NCCL. Each rank takes the GPU of its local rank (its index among the ranks
@@ -15,22 +15,31 @@
 //      reduce-scatter into the rank's gradient shard, the rank updates its parts of the parameters, and an
 //      all-gather brings everyone's parts to every rank.
 //   2  as 1, and no rank holds the whole gradient: the backward writes each layer's gradients into one of two
-//      layer-sized buffers and the head tensors' into a third, each is reduce-scattered as soon as it is complete,
-//      and the rank's part is added into its gradient shard (every micro-batch, so gradient accumulation works).
+//      layer-sized buffers and the head tensors' into a third (an untied lm_head's and the embedding's in turn in
+//      one place), each is reduce-scattered as soon as it is complete, and the rank's part is added into its
+//      gradient shard (every micro-batch, so gradient accumulation works).
+//   3  as 2, and no rank holds the whole model: the bf16 weights too exist only as the rank's shard. Each layer is
+//      all-gathered into one of two layer-sized buffers before the forward uses it and again before the backward
+//      does, while the layer before computes; the embedding and final norm are gathered after every update, an
+//      untied lm_head into the embedding's place once the forward has read it (Weights).
 // Gradients are reduced as soon as the backward has produced them: each layer's slices (one NCCL group) on a
 // second stream while the backward goes on with the layers below; the head tensors (embedding, final norm, lm_head)
-// form the last group, which the step waits for.
+// form the last group, which the step waits for (stages 2 and 3 reduce an untied lm_head first). The weights'
+// gathers go on that same stream: NCCL operations of one communicator must be queued in the same order on every
+// rank, which one stream and the same program give.
 //
 // Determinism: the same ranks, flags and seed give bit-identical results (NCCL's reduction order is fixed for a
 // given communicator; every sum here has one fixed order). Stage 1 updates each element exactly as stage 0 does:
 // the sum of N values does not depend on the collective, and the optimizer draws its stochastic-rounding bits by
-// the element's index within its tensor (llmc/adamw.cuh index_offset).
+// the element's index within its tensor (llmc/adamw.cuh index_offset). Stage 3 reduces and updates as stage 2 does
+// and computes on gathered copies of the same weights, so its results are stage 2's bit for bit.
 //
 // Errors: any rank that stops (a bad file, out of memory, a CUDA or NCCL error) goes through fail_exit, which here
 // aborts the whole MPI job, so no rank waits forever on a peer that is gone. A rank whose collectives do not finish
 // within the timeout (-T; a peer hangs) aborts its NCCL communicator and then the job, with a message naming it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -243,9 +252,9 @@ inline void shard_accumulate(floatX* dst, const floatX* src, size_t n, bool assi
 
 // Sums the gradient slices `indices` over the ranks; slice indices[i] is read at src[i] (where the backward wrote it).
 //   stage 0: all-reduce in place.
-//   stage 1 and 2, accumulate false: reduce-scatter into the rank's gradient shard (overwriting it).
-//   stage 2, accumulate true: reduce-scatter in place (the rank's part lands at src + rank * part), then add it into
-//   the gradient shard.
+//   stages 1 to 3, accumulate false: reduce-scatter into the rank's gradient shard (overwriting it).
+//   stages 2 and 3, accumulate true: reduce-scatter in place (the rank's part lands at src + rank * part), then add it
+//   into the gradient shard.
 // One NCCL group per call, so a layer's slices go as one operation.
 inline void reduce_gradient_slices(const ShardLayout& s, const std::vector<int>& indices,
                                    const std::vector<floatX*>& src, int stage, floatX* grad_shard, bool accumulate,
@@ -278,20 +287,21 @@ inline void reduce_gradient_slices(const ShardLayout& s, const std::vector<int>&
 #endif
 }
 
-// Stages 1 and 2, after the update: every rank's parts of the slices `indices` of the parameters to every rank
-// (in place).
-inline void all_gather_params(const ShardLayout& s, const std::vector<int>& indices, floatX* params,
+// Every rank's parts of the parameter slices `indices` to every rank: this rank's part of slice indices[i] is read at
+// parts[i], the whole slice written at wholes[i] (stages 1 and 2 gather in place, parts[i] = wholes[i] + rank * part).
+// One NCCL group per call.
+inline void all_gather_slices(const ShardLayout& s, const std::vector<int>& indices,
+                              const std::vector<const floatX*>& parts, const std::vector<floatX*>& wholes,
                               cudaStream_t stream) {
 #if defined(USE_MPI)
     ncclCheck(ncclGroupStart());
-    for (int i : indices) {
-        const ParamSlice& slice = s.slices[i];
-        ncclCheck(ncclAllGather(params + s.owned_offset(slice), params + slice.offset, s.part(slice), NCCL_FLOATX,
-                                g_multi_gpu.comm, stream));
+    for (size_t i = 0; i < indices.size(); i++) {
+        ncclCheck(ncclAllGather(parts[i], wholes[i], s.part(s.slices[indices[i]]), NCCL_FLOATX, g_multi_gpu.comm,
+                                stream));
     }
     ncclCheck(ncclGroupEnd());
 #else
-    (void)s; (void)indices; (void)params; (void)stream;
+    (void)s; (void)indices; (void)parts; (void)wholes; (void)stream;
 #endif
 }
 
@@ -299,25 +309,32 @@ inline void all_gather_params(const ShardLayout& s, const std::vector<int>& indi
 // A rank's gradients and their sum over the ranks
 
 // Where the backward writes the gradients, and their reduction as soon as each group of them is complete (stages:
-// see the top of this file). Stages 0 and 1: `buffer` is the whole gradient in flat parameter order. Stage 2:
-// `buffer` is only scratch, two layer-sized slots that alternate (layer l in slot l % 2) followed by the head
-// tensors (embedding, final norm, lm_head); a slot is cleared before each use, once the reduction of the layer it
-// held before is done. Stages 1 and 2 sum into `summed`, this rank's shard of the summed gradients.
+// see the top of this file). Stages 0 and 1: `buffer` is the whole gradient in flat parameter order. Stages 2 and 3:
+// `buffer` is only scratch (SlotLayout): two layer-sized slots that alternate (layer l in slot l % 2), a slot cleared
+// before each use once the reduction of the layer it held before is done; then the vocabulary table and the final
+// norm. An untied lm_head's gradient, complete when the classifier is, is reduced at the backward's start, and the
+// embedding's, written at its end, takes its place. Stages 1 to 3 sum into `summed`, this rank's shard of the summed
+// gradients.
 //
-// The backward calls begin_layer(l) before it writes layer l's gradients, layer_done(l) after, and head_done() once
-// the head tensors' are complete. The reductions run on comm_stream after what the main stream has queued so far, so
-// each layer's overlaps the backward of the layers below; the main stream waits for the head's, the last, so the
-// step's gradients are complete after head_done (with overlap off, -Q 0, it waits for each).
+// The backward calls classifier_done() first, begin_layer(l) before it writes layer l's gradients, layer_done(l)
+// after, begin_embedding() before the embedding's, and head_done() once the head tensors' are complete. The
+// reductions run on comm_stream after what the main stream has queued so far, so each overlaps the backward of the
+// layers below; the main stream waits for the head's, the last, so the step's gradients are complete after
+// head_done (with overlap off, -Q 0, it waits for each).
 struct Gradients {
     int stage = 0;         // ZeRO stage (-Z); 0 on one GPU
-    bool overlap = true;   // -Q; it applies to the weight gathers after a sharded update too
+    bool overlap = true;   // -Q; with 0 the main stream waits for each reduction as soon as it is queued
     ShardLayout shards;
     DeviceBuffer<floatX> buffer, summed;
-    size_t slot_size = 0;  // stage 2: one layer's gradients
-    cudaStream_t comm_stream = 0;  // the collectives: these reductions, and the weight gathers after a sharded update
-    cudaEvent_t queued = nullptr, reduced = nullptr, slot_free[2] = {nullptr, nullptr};
+    SlotLayout slots;  // of `buffer` in stages 2 and 3
+    cudaStream_t comm_stream = 0;  // the collectives: these reductions and the weights' gathers (Weights)
+    cudaEvent_t queued = nullptr, reduced = nullptr, slot_free[2] = {nullptr, nullptr}, table_free = nullptr;
+    // The head tensors' slices, reduced last; stages 2 and 3 with an untied lm_head reduce its slice first.
+    std::vector<int> last_slices, lm_head_slices;
 
     bool sharded() const { return stage >= 1; }
+    // Stages 2 and 3: `buffer` is only scratch (layer slots and the head), the summed gradients only a shard.
+    bool in_slots() const { return stage >= 2; }
 
     // The shard layout of `c` over this run's ranks, and on several GPUs the stream and events of the reductions.
     // Stops with a message when a sharded stage is asked for and the model does not split evenly.
@@ -333,25 +350,22 @@ struct Gradients {
             }
             make_shard_layout(c, 1, 0, &shards, &why);  // stage 0 reduces whole slices: any size works
         }
+        for (int i : shards.head_slices) {
+            bool first = in_slots() && shards.slices[i].tensor == LM_HEAD;
+            (first ? lm_head_slices : last_slices).push_back(i);
+        }
         if (mg.world > 1) {
             cudaCheck(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
-            cudaCheck(cudaEventCreateWithFlags(&queued, cudaEventDisableTiming));
-            cudaCheck(cudaEventCreateWithFlags(&reduced, cudaEventDisableTiming));
-            for (cudaEvent_t& e : slot_free) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+            for (cudaEvent_t* e : {&queued, &reduced, &slot_free[0], &slot_free[1], &table_free}) {
+                cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+            }
         }
     }
 
     // `buffer` (zeroed) and `summed`, after setup.
     void allocate() {
-        if (stage == 2) {
-            ParamLayout layout = param_layout(config);
-            slot_size = 0;
-            for (int i : shards.layer_slices[0]) slot_size += shards.slices[i].size;
-            size_t head = layout.sizes[TOK_EMBEDDING] + layout.sizes[FINAL_NORM] + layout.sizes[LM_HEAD];
-            buffer = DeviceBuffer<floatX>(2 * slot_size + head);
-        } else {
-            buffer = DeviceBuffer<floatX>(param_layout(config).total);
-        }
+        slots = make_slot_layout(config);
+        buffer = DeviceBuffer<floatX>(in_slots() ? slots.size() : param_layout(config).total);
         if (sharded()) summed = DeviceBuffer<floatX>(shards.shard_size);
         cudaCheck(cudaMemset(buffer.ptr, 0, buffer.bytes()));
     }
@@ -359,61 +373,55 @@ struct Gradients {
     // Where the backward writes the gradients of the head tensors (tok_embedding, final_norm and lm_head) and of
     // layer l's (the per-layer tensors, each pointing at layer l's slice).
     ParamTensors<floatX> head() const {
-        ParamTensors<floatX> g = point_params(buffer.ptr, config);
-        if (stage == 2) {
-            g.tok_embedding = buffer.ptr + 2 * slot_size;
-            g.final_norm = g.tok_embedding + (size_t)config.vocab_size * config.dim;
-            g.lm_head = config.tied_embeddings ? g.tok_embedding : g.final_norm + config.dim;
-        }
-        return g;
+        return in_slots() ? slot_tensors(buffer.ptr, slots, 0) : point_params(buffer.ptr, config);
     }
     ParamTensors<floatX> layer(int l) const {
-        ParamTensors<floatX> g = point_params(buffer.ptr, config);
-        ParamLayout layout = param_layout(config);
-        floatX* slot = buffer.ptr + (size_t)(l % 2) * slot_size;
-        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-            if (!param_is_per_layer(t)) continue;
-            size_t slice = layout.sizes[t] / config.n_layers;
-            if (stage == 2) {
-                g[t] = slot;
-                slot += slice;
-            } else {
-                g[t] += (size_t)l * slice;
-            }
-        }
-        return g;
+        return in_slots() ? slot_tensors(buffer.ptr, slots, l) : layer_tensors(buffer.ptr, config, l);
     }
 
-    // Before the backward writes layer l's gradients. Stage 2: the slot's last layer (l + 2) must be reduced before
-    // the slot is cleared.
+    // The classifier's gradient is complete: stages 2 and 3 reduce an untied lm_head's now, so that the embedding's
+    // can take its place (begin_embedding). `accumulate` as for layer_done.
+    void classifier_done(bool accumulate, cudaStream_t stream) {
+        if (!lm_head_slices.empty()) reduce(lm_head_slices, head(), accumulate, table_free, stream);
+    }
+
+    // Before the backward writes layer l's gradients. Stages 2 and 3: the slot's last layer (l + 2) must be reduced
+    // before the slot is cleared.
     void begin_layer(int l, cudaStream_t stream) {
-        if (stage != 2) return;
+        if (!in_slots()) return;
         cudaCheck(cudaStreamWaitEvent(stream, slot_free[l % 2]));
-        cudaCheck(cudaMemsetAsync(buffer.ptr + (size_t)(l % 2) * slot_size, 0, slot_size * sizeof(floatX), stream));
+        cudaCheck(cudaMemsetAsync(buffer.ptr + slots.slot_offset(l), 0, slots.slot_size * sizeof(floatX), stream));
     }
 
-    // Layer l's gradients are complete on `stream`: sums them over the ranks on comm_stream. `accumulate`: stage 2
-    // adds into `summed` instead of overwriting it (the micro-batches after a step's first).
+    // Layer l's gradients are complete on `stream`: sums them over the ranks on comm_stream. `accumulate`: stages 2
+    // and 3 add into `summed` instead of overwriting it (the micro-batches after a step's first).
     void layer_done(int l, bool accumulate, cudaStream_t stream) {
         reduce(shards.layer_slices[l], layer(l), accumulate, slot_free[l % 2], stream);
     }
 
+    // Before the backward adds the embedding's gradient: stages 2 and 3 clear the table once an untied lm_head's
+    // gradient there is reduced.
+    void begin_embedding(cudaStream_t stream) {
+        if (lm_head_slices.empty()) return;
+        cudaCheck(cudaStreamWaitEvent(stream, table_free));
+        cudaCheck(cudaMemsetAsync(head().tok_embedding, 0, param_layout(config).sizes[TOK_EMBEDDING] * sizeof(floatX),
+                                  stream));
+    }
+
     // The head tensors' gradients, the step's last, are complete: sums them, and `stream` waits for every reduction.
-    // Stage 2 then clears the head tensors for the next micro-batch's classifier.
+    // Stages 2 and 3 then clear the head tensors for the next micro-batch's classifier.
     void head_done(bool accumulate, cudaStream_t stream) {
-        ParamTensors<floatX> g = head();
-        reduce(shards.head_slices, g, accumulate, nullptr, stream);
+        reduce(last_slices, head(), accumulate, nullptr, stream);
         cudaCheck(cudaStreamWaitEvent(stream, reduced));
-        if (stage == 2) {
-            size_t head = buffer.ptr + buffer.count - g.tok_embedding;
-            cudaCheck(cudaMemsetAsync(g.tok_embedding, 0, head * sizeof(floatX), stream));
+        if (in_slots()) {
+            cudaCheck(cudaMemsetAsync(buffer.ptr + slots.head_offset(), 0, slots.head_size * sizeof(floatX), stream));
         }
     }
 
-    // The gradients restart at zero. Stage 2 clears `buffer` here (the backward adds into it) and returns true.
+    // The gradients restart at zero. Stages 2 and 3 clear `buffer` here (the backward adds into it) and return true.
     // The other stages return false: the caller's next backward overwrites the gradients instead of adding to them.
     bool zero_grad(cudaStream_t stream) {
-        if (stage != 2) return false;
+        if (!in_slots()) return false;
         cudaCheck(cudaMemsetAsync(buffer.ptr, 0, buffer.bytes(), stream));
         return true;
     }
@@ -433,5 +441,187 @@ struct Gradients {
         cudaCheck(cudaEventRecord(reduced, comm_stream));
         if (done != nullptr) cudaCheck(cudaEventRecord(done, comm_stream));
         if (!overlap) cudaCheck(cudaStreamWaitEvent(stream, reduced));
+    }
+};
+
+// ----------------------------------------------------------------------------------------------------------------
+// The weights the forward and backward read, and the gathers that put them there
+
+// Groups of slices, gathered as one: group 0 the head tensors, group l + 1 layer l, and in stage 3 with an untied
+// lm_head group L + 1 the lm_head (group 0 then holds the embedding and the final norm).
+//
+// Stages 0 to 2: `params` is the whole model in flat order on every rank, and the passes read it there. After a
+// sharded update (stages 1 and 2) a rank has updated only its parts: each group is all-gathered in place on
+// comm_stream as soon as its update is queued.
+// Stage 3: `params` is only this rank's shard, and the passes read `gathered` (SlotLayout): two layer slots, layer l
+// in slot l % 2, the vocabulary table and the final norm. A slot remembers the group it holds until the next update,
+// and a group is gathered into its slot only when the slot does not hold it. prefetch queues that gather on
+// comm_stream after everything the main stream has queued so far, so the slot's previous group must have its last
+// reader queued by then: the forward prefetches layer l + 2 once layer l's last product is queued (and the backward
+// l - 2), so each gather overlaps the layer between; the first two layers come with the update, and the backward's
+// first two are the forward's last two, the next micro-batch's first two the backward's last two, all held. The
+// table holds the embedding (with the final norm, gathered after every update) for the forward's start, then an
+// untied lm_head, gathered once the embedding is read, for the classifier; a tied one is the embedding.
+// Memory per rank in stage 3: the shard, 2 bytes x params / N, and 2 bytes x (two layers + V x C + C).
+//
+// The passes read the weights through layer(l), embedding(), final_norm() and lm_head(): pointers into `params` or
+// `gathered` once the stream waits for their gather (in every stage: a wait for a gather already done costs nothing).
+// In stage 3 these gather what their slot lacks, so a prefetch only moves a gather earlier.
+struct Weights {
+    int stage = 0;         // ZeRO stage (-Z); 0 on one GPU
+    bool overlap = true;   // -Q; with 0 the main stream waits for each gather as soon as it is queued
+    DeviceBuffer<floatX> params;    // stages 0 to 2: the whole model, in flat order; stage 3: this rank's shard
+    DeviceBuffer<floatX> gathered;  // stage 3: SlotLayout
+
+    // `params` and `gathered` (uninitialised), and on several GPUs the gathers' events. The gathers use the shard
+    // layout and the stream of the gradients' reductions (Gradients::setup).
+    void allocate(const Llama3Config& c, const ShardLayout& shard_layout, cudaStream_t comm) {
+        config = c;
+        shards = &shard_layout;
+        comm_stream = comm;
+        slots = make_slot_layout(c);
+        params = DeviceBuffer<floatX>(stage == 3 ? shards->shard_size : param_layout(c).total);
+        groups.assign(c.n_layers + 2, {});
+        for (int i : shards->head_slices) {
+            bool own_group = stage == 3 && shards->slices[i].tensor == LM_HEAD;
+            groups[own_group ? c.n_layers + 1 : 0].push_back(i);
+        }
+        for (int l = 0; l < c.n_layers; l++) groups[l + 1] = shards->layer_slices[l];
+        if (stage == 3) gathered = DeviceBuffer<floatX>(slots.size());
+        if (stage >= 1) {
+            cudaCheck(cudaEventCreateWithFlags(&queued, cudaEventDisableTiming));
+            group_gathered.resize(groups.size());
+            for (cudaEvent_t& e : group_gathered) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        }
+    }
+
+    // Where this rank's part of `slice` lives in `params`.
+    floatX* part(const ParamSlice& slice) {
+        return params.ptr + (stage == 3 ? shards->shard_offset(slice) : shards->owned_offset(slice));
+    }
+
+    // Layer l's weights (the per-layer tensors at layer l's slices) and the head tensors', for work on `stream`.
+    ParamTensors<floatX> layer(int l, cudaStream_t stream) {
+        ready(l + 1, stream);
+        return tensors(l);
+    }
+    const floatX* embedding(cudaStream_t stream) {
+        ready(0, stream);
+        return tensors(0).tok_embedding;
+    }
+    const floatX* final_norm(cudaStream_t stream) {
+        wait(0, stream);  // group 0's every gather writes it: the one after the update is enough
+        return tensors(0).final_norm;
+    }
+    const floatX* lm_head(cudaStream_t stream) {
+        ready(lm_head_group(), stream);
+        return tensors(0).lm_head;
+    }
+
+    // Stage 3: the gather of layer l (none when l is no layer), and of the lm_head once the embedding is read.
+    void prefetch(int l, cudaStream_t stream) {
+        if (l >= 0 && l < config.n_layers) prefetch_group(l + 1, stream);
+    }
+    void prefetch_lm_head(cudaStream_t stream) { prefetch_group(lm_head_group(), stream); }
+
+    // `params` was written on `stream` (a model loaded, or the update from its group 0 on): stage 3 forgets what the
+    // slots held and gathers the head.
+    void params_written(cudaStream_t stream) {
+        if (stage != 3) return;
+        for (int& g : held) g = -1;
+        prefetch_group(0, stream);
+    }
+
+    // The update has queued its writes of group `group`'s parts on `stream` (Optimizer::update_shard: group 0 first,
+    // then the layers). Stages 1 and 2 gather the group; stage 3 the head, and the next forward's first two layers
+    // while the update goes on.
+    void part_updated(int group, cudaStream_t stream) {
+        if (stage != 3) {
+            gather(group, stream);
+        } else if (group == 0) {
+            params_written(stream);
+        } else if (group <= 2) {
+            prefetch(group - 1, stream);
+        }
+    }
+
+    // The whole model as fp32 on rank 0's host (empty on the other ranks). Every rank calls it: stage 3 gathers the
+    // groups one by one into their slots.
+    std::vector<float> whole_fp32(cudaStream_t stream) {
+        const bool root = g_multi_gpu.rank == 0;
+        std::vector<float> host;
+        if (stage != 3) {
+            if (!root) return host;
+            if (stage >= 1) stream_sync(comm_stream);  // the gathers after the last update
+            std::vector<floatX> raw(params.count);
+            cudaCheck(cudaMemcpy(raw.data(), params.ptr, params.bytes(), cudaMemcpyDeviceToHost));
+            return std::vector<float>(raw.begin(), raw.end());
+        }
+        if (root) host.resize(param_layout(config).total);
+        std::vector<floatX> staged;
+        for (int group = 0; group < (int)groups.size(); group++) {
+            if (groups[group].empty()) continue;
+            ready(group, stream);
+            if (!root) continue;
+            stream_sync(stream);  // a copy to pageable memory blocks until the stream is done: wait with the timeout
+            for (int i : groups[group]) {
+                const ParamSlice& s = shards->slices[i];
+                staged.resize(s.size);
+                cudaCheck(cudaMemcpy(staged.data(), gathered.ptr + slots.at(s.tensor, s.layer), s.size * sizeof(floatX),
+                                     cudaMemcpyDeviceToHost));
+                for (size_t j = 0; j < s.size; j++) host[s.offset + j] = (float)staged[j];
+            }
+        }
+        return host;
+    }
+
+  private:
+    Llama3Config config;
+    const ShardLayout* shards = nullptr;
+    SlotLayout slots;
+    cudaStream_t comm_stream = 0;
+    std::vector<std::vector<int>> groups;     // each group's slices
+    cudaEvent_t queued = nullptr;
+    std::vector<cudaEvent_t> group_gathered;  // recorded on comm_stream when each group's last gather is done
+    int held[3] = {-1, -1, -1};               // stage 3: the group each slot holds (two layers, the table), or -1
+
+    int lm_head_group() const { return groups.back().empty() ? 0 : (int)groups.size() - 1; }
+    int slot_of(int group) const { return group >= 1 && group <= config.n_layers ? (group - 1) % 2 : 2; }
+
+    ParamTensors<floatX> tensors(int l) {
+        return stage == 3 ? slot_tensors(gathered.ptr, slots, l) : layer_tensors(params.ptr, config, l);
+    }
+
+    // Stage 3: gathers group `group` into its slot unless the slot holds it.
+    void prefetch_group(int group, cudaStream_t stream) {
+        if (stage != 3 || held[slot_of(group)] == group) return;
+        held[slot_of(group)] = group;
+        gather(group, stream);
+    }
+
+    void wait(int group, cudaStream_t stream) {
+        if (stage >= 1) cudaCheck(cudaStreamWaitEvent(stream, group_gathered[group]));
+    }
+    void ready(int group, cudaStream_t stream) {
+        prefetch_group(group, stream);
+        wait(group, stream);
+    }
+
+    // Gathers group `group` on comm_stream after what `stream` has queued so far: in place in stages 1 and 2, into
+    // its slot in stage 3.
+    void gather(int group, cudaStream_t stream) {
+        const std::vector<int>& indices = groups[group];
+        std::vector<const floatX*> parts;
+        std::vector<floatX*> wholes;
+        for (int i : indices) {
+            const ParamSlice& s = shards->slices[i];
+            parts.push_back(part(s));
+            wholes.push_back(stage == 3 ? gathered.ptr + slots.at(s.tensor, s.layer) : params.ptr + s.offset);
+        }
+        cudaCheck(cudaEventRecord(queued, stream));
+        cudaCheck(cudaStreamWaitEvent(comm_stream, queued));
+        all_gather_slices(*shards, indices, parts, wholes, comm_stream);
+        cudaCheck(cudaEventRecord(group_gathered[group], comm_stream));
+        if (!overlap) cudaCheck(cudaStreamWaitEvent(stream, group_gathered[group]));
     }
 };

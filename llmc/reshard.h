@@ -6,7 +6,9 @@
 // only the ranges of them it needs; it checks each of those files as strictly as a checkpoint first (header, this
 // run's fields, the layout rank 0's file implies for it, exact size). An unchanged layout reads the rank's own file
 // whole, as it was written: that resume stays bit for bit. A stage-0 checkpoint's files are copies of one another:
-// a rank reads one of them.
+// a rank reads one of them. Stages 1, 2 and 3 write the same shards of the optimizer state: ZeRO-3's bf16 weights,
+// sharded too while it trains, are in the model file, which rank 0 writes whole, and every layout reads them from
+// there, so resharding treats stage 3 as stage 2.
 #pragma once
 
 #include <sys/stat.h>
@@ -49,7 +51,7 @@ inline std::string plan_state_load(const std::string& dir, const Llama3Config& c
     StateHeader h;
     std::string err = read_state_header(first, &h);
     if (!err.empty()) return err;
-    if (h.world_size < 1 || h.world_size > 1 << 20 || h.zero_stage < 0 || h.zero_stage > 2 ||
+    if (h.world_size < 1 || h.world_size > 1 << 20 || h.zero_stage < 0 || h.zero_stage > 3 ||
         (h.world_size == 1 && h.zero_stage != 0)) {
         char buf[400];
         snprintf(buf, sizeof(buf), "training state '%s' says it was written on %d GPU(s) with ZeRO stage %d: not a "

@@ -1,6 +1,7 @@
-// How the flat parameter buffer (ParamTensor order, llmc/model.h) is split over the ranks of a multi-GPU run, and
-// how an optimizer state written in one such split is read back in another (resharding). Host code only: the GPU
-// side (llmc/multi_gpu.cuh) and the state files' readers (llmc/reshard.h) share it, and a CPU test checks it.
+// How the flat parameter buffer (ParamTensor order, llmc/model.h) is split over the ranks of a multi-GPU run, the
+// layer slots of ZeRO-2's gradients and ZeRO-3's gathered weights, and how an optimizer state written in one split is
+// read back in another (resharding). Host code only: the GPU side (llmc/multi_gpu.cuh) and the state files' readers
+// (llmc/reshard.h) share it, and a CPU test checks it.
 //
 // Slices. The buffer is cut into slices: each layer's part of each per-layer tensor (attn_norm[l], wqkv[l], ...) and
 // the whole of each other tensor (tok_embedding, final_norm, lm_head). A slice of S elements is split into N equal
@@ -8,8 +9,12 @@
 // rank's shard is its parts of every slice, back to back in flat order, num_params / N elements; slice k's part
 // starts at shard offset offset_k / N. The slices do not depend on N: only the parts do.
 //
+// Slots. A buffer that holds two layers at a time and the tensors outside the layers, one vocabulary table at a time
+// (SlotLayout): stage 2's and 3's gradients as the backward writes them, and stage 3's gathered weights as the
+// forward and backward read them.
+//
 // Resharding. A checkpoint's optimizer state (master weights, AdamW m and v) lies in one state file per rank: the
-// whole state in every file (ZeRO stage 0, and every run on one GPU) or each rank's shard (stages 1 and 2). A run
+// whole state in every file (ZeRO stage 0, and every run on one GPU) or each rank's shard (stages 1 to 3). A run
 // with another number of ranks or another stage reads, for each of its elements, the one file that holds it:
 // reshard_ranges lists those reads as runs of elements contiguous in both the file and the reader's state.
 #pragma once
@@ -75,8 +80,52 @@ inline bool make_shard_layout(const Llama3Config& c, int world, int rank, ShardL
     return true;
 }
 
+// Two layer-sized slots, layer l in slot l % 2, each holding that layer's slices of the per-layer tensors back to
+// back in ParamTensor order, then the vocabulary table and final_norm. The table is tok_embedding's place, and an
+// untied lm_head's too: the passes need the two at different times (the embedding at the forward's start, the
+// lm_head in the classifier; their gradients at the backward's end and in the classifier), so one V x C place
+// serves both (Gradients, Weights). Every offset is a multiple of dim elements, as in the flat buffer: where dim
+// elements are a multiple of 256 bytes (every named config), each tensor starts 256-byte aligned in either, and the
+// matmuls, which pick their algorithm by shape and pointer alignment, compute the same bits from either.
+struct SlotLayout {
+    size_t slot_size = 0;  // one layer's parameters
+    size_t head_size = 0;  // the vocabulary table and final_norm
+    size_t offsets[NUM_PARAM_TENSORS] = {};  // per-layer tensors: within a slot; the others: from the buffer's start
+
+    size_t size() const { return 2 * slot_size + head_size; }
+    size_t slot_offset(int layer) const { return (size_t)(layer % 2) * slot_size; }
+    size_t head_offset() const { return 2 * slot_size; }
+    // Where layer `layer`'s slice of a per-layer tensor starts, or the whole of another tensor (any `layer`).
+    size_t at(int tensor, int layer) const {
+        return param_is_per_layer(tensor) ? slot_offset(layer) + offsets[tensor] : offsets[tensor];
+    }
+};
+
+inline SlotLayout make_slot_layout(const Llama3Config& c) {
+    ParamLayout layout = param_layout(c);
+    SlotLayout s;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        if (!param_is_per_layer(t)) continue;
+        s.offsets[t] = s.slot_size;
+        s.slot_size += layout.sizes[t] / c.n_layers;
+    }
+    s.offsets[TOK_EMBEDDING] = s.offsets[LM_HEAD] = s.head_offset();
+    s.offsets[FINAL_NORM] = s.head_offset() + layout.sizes[TOK_EMBEDDING];
+    s.head_size = layout.sizes[TOK_EMBEDDING] + layout.sizes[FINAL_NORM];
+    return s;
+}
+
+// A buffer in SlotLayout seen as ParamTensors: the per-layer tensors at layer `layer`'s slices (in its slot), the
+// others whole.
+template <typename T>
+inline ParamTensors<T> slot_tensors(T* base, const SlotLayout& s, int layer) {
+    ParamTensors<T> p;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) p[t] = base + s.at(t, layer);
+    return p;
+}
+
 // How a checkpoint's optimizer state is spread over its state files: written by `world` ranks, each file holding
-// the whole state (stage 0) or its rank's shard (stages 1 and 2).
+// the whole state (stage 0) or its rank's shard (stages 1 to 3).
 struct StateLayout {
     int world = 1, stage = 0;
     bool sharded() const { return stage >= 1; }

@@ -7,7 +7,7 @@
 //   [8..9] run id (low, high 32 bits): the run it belongs to (llmc/run_dir.h)
 //   [10..11] tokens per step (low, high 32 bits)
 //   [12] ZeRO stage (llmc/multi_gpu.cuh)   [13] the rank that wrote this file
-//   [14..15] optimizer elements in this file (low, high): num_params, or the rank's shard with stage 1 or 2
+//   [14..15] optimizer elements in this file (low, high): num_params, or the rank's shard with stages 1 to 3
 //   [16..30] the model config, as slots 3..17 of the model checkpoint header (llmc/checkpoint.h)
 //   [31..63] zero
 // Then the master weights (if present), AdamW m and v, each opt_count fp32 values; the train loader's state

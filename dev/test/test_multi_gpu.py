@@ -5,8 +5,10 @@ and are skipped with the reason elsewhere.
 
   - equivalence: d12 on N GPUs (2, 4, 8) with micro-batch B against 1 GPU with micro-batch B and N gradient-
     accumulation steps (the same global batch and token order), in FP32 (to 1e-5) and BF16 (the tie-out's bf16 bounds);
-  - ZeRO stages 0, 1 and 2 give bit-identical losses (without clipping), and a rerun gives the same run;
-  - resume on N GPUs (2, 8) reproduces the uninterrupted run bit for bit, for ZeRO-1 and ZeRO-2;
+  - ZeRO stages 0 to 3 give bit-identical losses, samples and model files (without clipping), and a rerun gives the
+    same run;
+  - resume on N GPUs (2, 8) reproduces the uninterrupted run bit for bit, for ZeRO-1, 2 and 3 (ZeRO-3 also with
+    -W 0 -O bf16, -R 2, accumulation and FP8);
   - resharding: a checkpoint resumed with another ZeRO stage on the same GPUs continues its run bit for bit (without
     clipping, where the stages agree bit for bit); on another number of GPUs (2 -> 1, 1 -> 2, 8 -> 2) it continues the
     loss to rounding; the optimizer state read in another layout is, bit for bit, what that layout's own run wrote;
@@ -23,6 +25,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import time
 
@@ -90,6 +93,21 @@ def shards(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """A tokenizer file for d12's 128256 ids (llmc/tokenizer.h): byte tokens, then named special tokens."""
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.bin"
+    vocab, bos, eos, eot = 128256, 128000, 128001, 128009
+    pieces = [bytes([i % 256]) if i < 256 else f"<|special {i}|>".encode() for i in range(vocab)]
+    header = np.zeros(16, dtype="<i4")
+    header[:7] = [20261125, 1, vocab, bos, eos, eot, sum(len(p) for p in pieces)]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        for p in pieces:
+            f.write(struct.pack("<I", len(p)) + p)
+    return path
+
+
 def train_args(shards, out_dir, steps, *extra):
     return ["-c", "d12", "-i", str(shards / "tok_train.bin"), "-j", "", "-o", str(out_dir), "-b", "4", "-t", "256",
             "-x", str(steps), "-l", "1e-4", "-u", "5", "-f", "0", "-S", "7", "-n", "0", *extra]
@@ -149,18 +167,27 @@ def test_gpus_match_one_gpu_with_accumulation(build, shards, tmp_path, gpus):
 
 
 @pytest.mark.parametrize("precision", ["FP32", "BF16", "FP8"])
-def test_zero_stages_agree_bit_for_bit(build, shards, tmp_path, precision):
-    """Without clipping the norm never enters the update, so stages 0, 1 and 2 must give the same bits (FP8: the BF16
-    build's FP8 mode, whose amaxes and scales are taken per rank from that rank's tensors, as on one GPU)."""
+def test_zero_stages_agree_bit_for_bit(build, shards, tokenizer, tmp_path, precision):
+    """Without clipping the norm never enters the update, so stages 0 to 3 must give the same bits (FP8: the BF16
+    build's FP8 mode, whose amaxes and scales are taken per rank from that rank's tensors, as on one GPU): the losses,
+    the samples (ZeRO-3 samples on every rank, its forwards gather the weights) and the model file written at the
+    last step (ZeRO-3 gathers it for rank 0). Prints each stage's peak memory per GPU."""
     train, mode = (build["BF16"], ("-M", "fp8")) if precision == "FP8" else (build[precision], ())
-    results = {}
-    for stage in ("0", "1", "2"):
-        r = run(mpirun(2, [train, *train_args(shards, tmp_path / f"z{stage}", 8, "-G", "0", "-Z", stage, *mode)]))
+    results, samples = {}, {}
+    for stage in ("0", "1", "2", "3"):
+        r = run(mpirun(2, [train, *train_args(shards, tmp_path / f"z{stage}", 8, "-G", "0", "-Z", stage, "-n", "8",
+                                              "-s", "4", "-L", "16", "-z", str(tokenizer), *mode)]))
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"ZeRO stage {stage}" in r.stdout
         results[stage] = [(s, l) for s, l, _ in raw_steps(r.stdout)]
-    assert len(results["0"]) == 8
-    assert results["0"] == results["1"] == results["2"], results
+        # a sample may span lines: it ends where the trainer's next line starts
+        samples[stage] = re.findall(r"^sample: .*?(?=^step |^saved checkpoint|^summary)", r.stdout, re.M | re.S)
+        print(f"Z{stage}: " + re.search(r"peak mem \S+ GiB", r.stdout).group(0))
+    assert len(results["0"]) == 8 and len(samples["0"]) == 2
+    assert results["0"] == results["1"] == results["2"] == results["3"], results
+    assert samples["0"] == samples["1"] == samples["2"] == samples["3"], samples
+    models = {stage: (tmp_path / f"z{stage}" / "model_00000008.bin").read_bytes() for stage in results}
+    assert models["0"] == models["1"] == models["2"] == models["3"]
     again = run(mpirun(2, [train, *train_args(shards, tmp_path / "again", 8, "-G", "0", "-Z", "1", *mode)]))
     assert [(s, l) for s, l, _ in raw_steps(again.stdout)] == results["1"]
 
@@ -169,8 +196,13 @@ def test_zero_stages_agree_bit_for_bit(build, shards, tmp_path, precision):
                                           (2, ("-Z", "1", "-W", "0", "-O", "bf16")),
                                           (2, ("-Z", "0", "-M", "fp8")), (2, ("-Z", "1", "-M", "fp8")),
                                           (2, ("-Z", "2", "-M", "fp8")),
+                                          (2, ("-Z", "3")), (2, ("-Z", "3", "-W", "0", "-O", "bf16")),
+                                          (2, ("-Z", "3", "-R", "2")), (2, ("-Z", "3", "-g", "4096")),
+                                          (2, ("-Z", "3", "-M", "fp8")),
                                           pytest.param(8, ("-Z", "1"), marks=needs_gpus(8)),
-                                          pytest.param(8, ("-Z", "2"), marks=needs_gpus(8))])
+                                          pytest.param(8, ("-Z", "2"), marks=needs_gpus(8)),
+                                          pytest.param(8, ("-Z", "3"), marks=needs_gpus(8))],
+                         ids=lambda v: f"{v}gpus" if isinstance(v, int) else "".join(v).lstrip("-"))
 def test_resume_is_bit_identical(build, shards, tmp_path, gpus, options):
     train = build["BF16"]
     cmd = lambda name, *extra: mpirun(gpus, [train, *train_args(shards, tmp_path / name, 10, "-k", "constant", "-n",
@@ -210,7 +242,8 @@ def resume_elsewhere(train, shards, tmp_path, writer, reader, *common):
 
 
 @pytest.mark.parametrize("writer,reader,options", [("1", "2", ()), ("2", "0", ()), ("0", "1", ()),
-                                                   ("1", "2", ("-W", "0", "-O", "bf16"))])
+                                                   ("1", "2", ("-W", "0", "-O", "bf16")), ("3", "1", ()),
+                                                   ("0", "3", ()), ("2", "3", ("-W", "0", "-O", "bf16"))])
 def test_reshard_to_another_stage_is_bit_identical(build, shards, tmp_path, writer, reader, options):
     """Without clipping the stages give the same bits (test_zero_stages_agree_bit_for_bit), and resharding copies
     the fp32 state exactly: a run resumed on the same GPUs with another -Z continues its uninterrupted run bit for
@@ -237,6 +270,8 @@ def compare_continuation(full, resumed, loss_bound, norm_bound):
 @pytest.mark.parametrize("writer,reader,samples_change", [
     pytest.param((2, ("-Z", "1")), (1, ()), True, id="2 GPUs Z1 -> 1 GPU"),
     pytest.param((1, ()), (2, ("-Z", "2")), True, id="1 GPU -> 2 GPUs Z2"),
+    pytest.param((2, ("-Z", "3")), (1, ()), True, id="2 GPUs Z3 -> 1 GPU"),
+    pytest.param((1, ()), (2, ("-Z", "3")), True, id="1 GPU -> 2 GPUs Z3"),
     pytest.param((8, ("-Z", "1", "-b", "1")), (2, ("-Z", "2", "-b", "4")), False, id="8 GPUs Z1 -> 2 GPUs Z2",
                  marks=needs_gpus(8)),
 ])
@@ -281,16 +316,20 @@ def state_payload(path):
 
 
 def test_resharded_state_is_the_other_layouts_state(build, shards, tmp_path, reshard_tool):
-    """Without clipping, 5 steps on 2 GPUs with -Z 0 and with -Z 1 leave the same optimizer state bit for bit. Read
-    in the other's layout through the trainer's resharding code, each checkpoint gives the other's state files
-    exactly: ZeRO-1's shards as ZeRO-0's whole state (and a 1-GPU run's), ZeRO-0's whole state as ZeRO-1's shards."""
-    for stage in ("0", "1"):
+    """Without clipping, 5 steps on 2 GPUs with -Z 0, 1 and 3 leave the same optimizer state bit for bit. Read in the
+    other's layout through the trainer's resharding code, each checkpoint gives the other's state files exactly:
+    ZeRO-1's shards as ZeRO-0's whole state (and a 1-GPU run's), ZeRO-0's whole state as ZeRO-1's shards and as
+    ZeRO-3's; ZeRO-3's shards are ZeRO-1's as written."""
+    for stage in ("0", "1", "3"):
         r = run(mpirun(2, [build["BF16"], *train_args(shards, tmp_path / f"z{stage}", 5, "-G", "0", "-Z", stage,
                                                       "-n", "5")]))
         assert r.returncode == 0, r.stdout + r.stderr
-    z0, z1 = tmp_path / "z0", tmp_path / "z1"
+    z0, z1, z3 = tmp_path / "z0", tmp_path / "z1", tmp_path / "z3"
+    for name in ("state_00000005.bin", "state_00000005_rank1.bin"):
+        assert np.array_equal(state_payload(z3 / name), state_payload(z1 / name)), name
     cases = [(z1, 1, 0, 0, z0 / "state_00000005.bin"), (z1, 2, 0, 1, z0 / "state_00000005_rank1.bin"),
-             (z0, 2, 1, 0, z1 / "state_00000005.bin"), (z0, 2, 1, 1, z1 / "state_00000005_rank1.bin")]
+             (z0, 2, 1, 0, z1 / "state_00000005.bin"), (z0, 2, 1, 1, z1 / "state_00000005_rank1.bin"),
+             (z0, 2, 3, 1, z3 / "state_00000005_rank1.bin"), (z3, 2, 0, 0, z0 / "state_00000005.bin")]
     for source, gpus, stage, rank, expected in cases:
         out = tmp_path / "read.bin"
         result = subprocess.run([reshard_tool, "read", source, "5", str(gpus), str(stage), str(rank), out],

@@ -1,7 +1,8 @@
 """
 The multi-GPU code's CPU side:
   - resharding (llmc/shard_layout.h, llmc/reshard.h) through dev/test/test_reshard (built by `make`): the ranges of
-    every pair of layouts, real state files read back in every layout, and the refusals;
+    every pair of layouts, real state files read back in every layout, and the refusals; the layer slots of ZeRO-2's
+    gradients and ZeRO-3's gathered weights, and ZeRO-3's shards gathered into them on the host;
   - scripts/bench_multi_gpu.py: its arguments, the runs and commands it plans (GPU counts, ZeRO stages, the socket
     transport, the 8B line) and its summary, from made-up results.
 """
@@ -27,9 +28,9 @@ def reshard(*args):
     return subprocess.run([HELPER, *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("check", ["ranges", "files"])
+@pytest.mark.parametrize("check", ["ranges", "files", "slots"])
 def test_reshard(check, tmp_path):
-    result = reshard(check) if check == "ranges" else reshard(check, tmp_path)
+    result = reshard(check, tmp_path) if check == "files" else reshard(check)
     assert result.returncode == 0 and "PASSED" in result.stdout, result.stdout + result.stderr
 
 
@@ -63,6 +64,18 @@ def test_bench_a_hosts_table():
     assert runs["8B ours 8 GPUs fp8"][0][-2:] == ["-M", "fp8"]
     fsdp, _, required = runs["8B torch FSDP2 8 GPUs"]
     assert "--activation_checkpointing" in fsdp and "8192" in fsdp and not required
+
+
+def test_bench_zero3():
+    """ZeRO-3 on 2 GPUs: the 1B at Z1 and Z3 against 1 GPU, the 8B line at -Z 3 (fp32 master weights and AdamW)."""
+    args = bench_multi_gpu.parse_args(["--gpus", "2", "--torch", "none", "--ours", "1,Z1,Z3", "--with_8b",
+                                       "--stage_8b", "3", "--train", "s.bin"])
+    runs = {name: cmd for name, cmd, _, _ in bench_multi_gpu.plan(args)}
+    assert list(runs) == ["ours 1 GPU", "ours 2 GPUs Z1", "ours 2 GPUs Z3", "8B ours 2 GPUs bf16", "8B ours 2 GPUs fp8",
+                          "8B torch FSDP2 2 GPUs"]
+    assert runs["ours 2 GPUs Z3"][-2:] == ["-Z", "3"]
+    big = runs["8B ours 2 GPUs bf16"]
+    assert big[-4:] == ["-Z", "3", "-R", "2"] and "-W" not in big and "-O" not in big
 
 
 def test_bench_socket_transport():

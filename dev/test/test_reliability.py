@@ -288,7 +288,7 @@ STATE_MAGIC, STATE_VERSION = 20261123, 2
 def state_header(step, run_id, is_bf16=1, num_params=None, has_master=1, world=1, stage=0, rank=0,
                  tokens_per_step=128, model=GQA, magic=STATE_MAGIC, version=STATE_VERSION):
     num_params = (model.stat().st_size - 256) // 4 if num_params is None else num_params
-    opt_count = num_params // world if stage else num_params  # the whole model, or with stage 1 or 2 a shard
+    opt_count = num_params // world if stage else num_params  # the whole model, or with stages 1 to 3 a shard
     h = np.zeros(64, dtype="<u4")
     h[0], h[1], h[2], h[3] = magic, version, step, is_bf16
     h[4], h[5] = num_params & 0xFFFFFFFF, num_params >> 32
@@ -336,7 +336,7 @@ def loader_state(B=4, T=32, processes=1, shuffle=1, shards=1, tokens=40000, seed
 def write_state(directory, step, run_id, is_bf16=1, has_master=1, model=GQA, tokens_per_step=128, world=1, stage=0,
                 **kw):
     """The state files of a checkpoint that passes every check and can be resumed, one per rank of `world` GPUs at
-    ZeRO `stage`: master weights = the model's (its shards with stage 1 or 2), zero AdamW moments, the train loader
+    ZeRO `stage`: master weights = the model's (its shards with stages 1 to 3), zero AdamW moments, the train loader
     at sample 5 (of 4 x 32 tokens, split over the GPUs). Returns rank 0's."""
     params = np.fromfile(model, dtype="<f4", offset=256)
     for rank in range(world):
@@ -491,6 +491,8 @@ BAD_FLAGS = {
     "flag without value": (["-x"], ["-x", "needs a value"]),
     "not a number": (["-l", "fast"], ["-l", "not a number"]),
     "M not bf16 or fp8": (["-M", "fp4"], ["-M", "'fp4'", "not bf16 or fp8"]),
+    "Z past 3": (["-Z", "4"], ["-Z", "'4'", "[0, 3]"]),
+    "Z 3 on one GPU": (["-Z", "3"], ["-Z", "'3'", "several GPUs", "drop -Z 3"]),
     "no model": (["-e", ""], ["-e", "-c"]),
     "model is a directory": (["-e", "/"], ["'/'", "is a directory", "config.json"]),
     "model missing": (["-e", "/nonexistent/model.bin"], ["/nonexistent/model.bin"]),
@@ -739,7 +741,7 @@ def resumable_on_two(tmp_path, precision):
     return out
 
 
-@pytest.mark.parametrize("stage", [0, 1])
+@pytest.mark.parametrize("stage", [0, 1, 3])
 def test_trainer_resume_reshards(data, tmp_path, precision, stage):
     """A checkpoint of 2 GPUs passes the host checks of a 1-GPU resume, which says it reshards."""
     out = tmp_path / "run"

@@ -1,13 +1,19 @@
-// Checks resharding (llmc/shard_layout.h, llmc/reshard.h) on the CPU. Run by dev/test/test_multi_gpu_cpu.py.
+// Checks resharding (llmc/shard_layout.h, llmc/reshard.h) and the layer slots on the CPU. Run by
+// dev/test/test_multi_gpu_cpu.py.
 //
 //   test_reshard ranges
-//       every pair of layouts (1, 2, 3, 4, 6, 8 GPUs; ZeRO stages 0, 1, 2) on a small tied and untied model: every
+//       every pair of layouts (1, 2, 3, 4, 6, 8 GPUs; ZeRO stages 0 to 3) on a small tied and untied model: every
 //       element of every reader rank comes from the writer file that holds it, exactly once, in the reader's order;
 //       an unchanged layout is one read of the rank's own file; a layout that cannot split the model is refused
 //   test_reshard files DIR
 //       writes checkpoints' state files in several layouts to DIR and reads them back in every layout through
 //       plan_state_load and read_state_array (the trainer's path), then the refusals: a missing rank file, a rank
 //       file of another checkpoint, another tokens per step, other master weights, another build's precision
+//   test_reshard slots
+//       the layer slots (SlotLayout) of stages 2 and 3's gradients and stage 3's gathered weights: each layer's slices
+//       fill its slot and the embedding and final norm the rest, each once, at multiples of dim, the lm_head in the
+//       embedding's place; and stage 3's path on the host: the ranks' shards as the trainer uploads them, all-gathered
+//       group by group into the slots as NCCL would, give each group's weights as the flat model holds them
 //   test_reshard read DIR STEP GPUS STAGE RANK OUT
 //       what rank RANK of a run on GPUS GPUs with ZeRO stage STAGE reads from the checkpoint at STEP in DIR (its
 //       model file gives the config): its optimizer arrays (the master weights if present, m, v) written to OUT
@@ -43,7 +49,7 @@ static const int WORLDS[] = {1, 2, 3, 4, 6, 8};
 static std::vector<StateLayout> layouts() {
     std::vector<StateLayout> out;
     for (int world : WORLDS)
-        for (int stage = 0; stage <= (world > 1 ? 2 : 0); stage++) out.push_back({world, stage});
+        for (int stage = 0; stage <= (world > 1 ? 3 : 0); stage++) out.push_back({world, stage});
     return out;
 }
 
@@ -192,8 +198,8 @@ static bool contains(const std::string& text, const std::vector<std::string>& wo
 
 static void check_files(const std::string& dir) {
     Llama3Config c = small_config(false);
-    const StateLayout writers[] = {{1, 0}, {2, 0}, {2, 1}, {4, 2}, {3, 1}};
-    const StateLayout readers[] = {{1, 0}, {2, 0}, {2, 2}, {3, 0}, {4, 1}, {8, 1}, {6, 2}};
+    const StateLayout writers[] = {{1, 0}, {2, 0}, {2, 1}, {4, 2}, {3, 1}, {2, 3}};
+    const StateLayout readers[] = {{1, 0}, {2, 0}, {2, 2}, {3, 0}, {4, 1}, {8, 1}, {6, 2}, {4, 3}};
     for (bool has_master : {true, false}) {
         for (StateLayout writer : writers) {
             clear_dir(dir);
@@ -273,6 +279,92 @@ static void check_files(const std::string& dir) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Slots
+
+static void check_slots() {
+    for (bool tied : {false, true}) {
+        Llama3Config c = small_config(tied);
+        c.n_layers = 3;  // slot 0 holds layers 0 and 2
+        std::string model = tied ? " (tied)" : " (untied)";
+        ParamLayout layout = param_layout(c);
+        SlotLayout slots = make_slot_layout(c);
+        ShardLayout whole;
+        std::string why;
+        make_shard_layout(c, 1, 0, &whole, &why);
+        check(slots.size() == 2 * slots.slot_size + slots.head_size &&
+                  c.n_layers * slots.slot_size + slots.head_size + layout.sizes[LM_HEAD] == layout.total,
+              "two layers, the vocabulary table and the final norm" + model);
+        // every element of the buffer covered once by layer l's slices and the embedding's and final norm's
+        bool once = true, aligned = true, views = true;
+        for (int l = 0; l < c.n_layers; l++) {
+            std::vector<int> hits(slots.size(), 0);
+            std::vector<int> group = whole.layer_slices[l];
+            for (int i : whole.head_slices) {
+                if (whole.slices[i].tensor != LM_HEAD) group.push_back(i);
+            }
+            for (int i : group) {
+                const ParamSlice& s = whole.slices[i];
+                size_t at = slots.at(s.tensor, s.layer);
+                aligned = aligned && at % c.dim == 0;
+                for (size_t j = 0; j < s.size && at + j < hits.size(); j++) hits[at + j]++;
+                once = once && at + s.size <= slots.size();
+            }
+            for (size_t j = slots.slot_offset(l + 1); j < slots.slot_offset(l + 1) + slots.slot_size; j++) {
+                hits[j]++;  // the other slot, whose layer is not in this group
+            }
+            for (int h : hits) once = once && h == 1;
+            std::vector<float> storage(slots.size());
+            ParamTensors<float> p = slot_tensors(storage.data(), slots, l);
+            for (int t = 0; t < NUM_PARAM_TENSORS; t++) views = views && p[t] == storage.data() + slots.at(t, l);
+        }
+        check(once, "each layer's slices fill its slot (l % 2), the embedding and final norm the rest, once" + model);
+        check(aligned, "every tensor starts at a multiple of dim elements, as in the flat buffer" + model);
+        check(views, "slot_tensors points each tensor where the layout says" + model);
+        check(slots.at(LM_HEAD, 0) == slots.at(TOK_EMBEDDING, 0), "the lm_head takes the embedding's place" + model);
+
+        // Stage 3 on the host: element i of the flat model holds i; each rank's shard as upload_fp32 fills it; the
+        // groups as Weights gathers them (the embedding and final norm, each layer, an untied lm_head), each as
+        // all_gather_slices asks NCCL for it (rank r's part to whole + r * part).
+        bool gathered_right = true;
+        for (int world : {1, 2, 3, 4, 6}) {
+            std::vector<ShardLayout> ranks(world);
+            std::vector<std::vector<float>> shard(world);
+            for (int r = 0; r < world; r++) {
+                make_shard_layout(c, world, r, &ranks[r], &why);
+                shard[r].resize(ranks[r].shard_size);
+                for (const ParamSlice& s : ranks[r].slices)
+                    for (size_t j = 0; j < ranks[r].part(s); j++)
+                        shard[r][ranks[r].shard_offset(s) + j] = (float)(ranks[r].owned_offset(s) + j);
+            }
+            std::vector<std::vector<int>> groups(c.n_layers + 2);
+            for (int i : ranks[0].head_slices) {
+                groups[ranks[0].slices[i].tensor == LM_HEAD ? c.n_layers + 1 : 0].push_back(i);
+            }
+            for (int l = 0; l < c.n_layers; l++) groups[l + 1] = ranks[0].layer_slices[l];
+            std::vector<float> buffer(slots.size(), -1.0f);
+            for (const std::vector<int>& indices : groups) {
+                for (int i : indices) {
+                    const ParamSlice& s = ranks[0].slices[i];
+                    size_t part = ranks[0].part(s), at = slots.at(s.tensor, s.layer);
+                    for (int r = 0; r < world; r++) {
+                        const float* src = shard[r].data() + ranks[r].shard_offset(s);
+                        for (size_t j = 0; j < part; j++) buffer[at + r * part + j] = src[j];
+                    }
+                }
+                for (int i : indices) {
+                    const ParamSlice& s = ranks[0].slices[i];
+                    size_t at = slots.at(s.tensor, s.layer);
+                    for (size_t j = 0; j < s.size; j++) {
+                        gathered_right = gathered_right && buffer[at + j] == (float)(s.offset + j);
+                    }
+                }
+            }
+        }
+        check(gathered_right, "ZeRO-3's shards gathered into the slots give each group's weights" + model);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 
 static int read_command(int argc, char** argv) {
     if (argc != 8) {
@@ -325,9 +417,11 @@ int main(int argc, char** argv) {
         check_ranges();
     } else if (cmd == "files" && argc == 3) {
         check_files(argv[2]);
+    } else if (cmd == "slots" && argc == 2) {
+        check_slots();
     } else {
-        fprintf(stderr, "usage: %s ranges | files DIR | read DIR STEP GPUS STAGE RANK OUT (see the file's top)\n",
-                argv[0]);
+        fprintf(stderr, "usage: %s ranges | files DIR | slots | read DIR STEP GPUS STAGE RANK OUT (see the file's "
+                "top)\n", argv[0]);
         return 2;
     }
     printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
