@@ -569,7 +569,6 @@ struct Llama3 {
                 weights.prefetch(l + 2, stream);  // ZeRO-3: this layer's slot is read no more
                 floatX* x_next = a.residual.ptr + (l + 1) * NC;
                 if (l + 1 < L) {
-                    wait_params_gathered(l + 2);  // the next layer's attn_norm, read here (ZeRO 1/2 gathers)
                     fused_residual_rmsnorm_forward(x_next, layer_slice(a.ln1, l + 1, NC),
                                                    a.rstd1.ptr + (size_t)(l + 1) * N, mid, a.branch_out.ptr,
                                                    weights.layer(l + 1, stream).attn_norm, N, C, c.norm_eps, stream,
