@@ -73,7 +73,8 @@ def parse_args(argv=None):
     parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"a comma list of {', '.join(VARIANTS)}")
     parser.add_argument("--rerun", action="store_true", help="run variants whose log is complete again")
     parser.add_argument("--binary", default=os.path.join(ROOT, "train_llama3cu"))
-    parser.add_argument("--fp8_flag", default="-M fp8", help="the trainer's flags for its FP8 mode")
+    parser.add_argument("--fp8_flag", default="-M fp8 -K 0",
+                        help="the trainer's flags for its FP8 mode (-K 0: FP8 products at any width, d12's too)")
     parser.add_argument("--compile", type=int, default=1, help="torch.compile for the PyTorch variants")
     parser.add_argument("--device", default="cuda", help="of the PyTorch variants")
     parser.add_argument("--smooth", type=int, default=50, help="train loss plotted as a running mean of N steps")

@@ -487,7 +487,8 @@ BAD_FLAGS = {
     "resume without out dir": (["-y", "1", "-o", ""], ["-y", "-o"]),
     "N zero": (["-N", "0"], ["-N", "[1,"]),
     "F not 0 or 1": (["-F", "2"], ["-F"]),
-    "unknown flag": (["-K", "1"], ["-K"]),
+    "unknown flag": (["-Y", "1"], ["-Y"]),
+    "K negative": (["-K", "-1"], ["-K", "'-1'"]),
     "flag without value": (["-x"], ["-x", "needs a value"]),
     "not a number": (["-l", "fast"], ["-l", "not a number"]),
     "M not bf16 or fp8": (["-M", "fp4"], ["-M", "'fp4'", "not bf16 or fp8"]),
@@ -530,15 +531,19 @@ def test_trainer_checks_tokenizer_ids(data, tmp_path, case):
 
 def test_trainer_fp8_mode_checks(data, tmp_path, precision):
     """-M fp8: refused by the FP32 build; in the BF16 build every dimension of the FP8 products must be a multiple of
-    16 (the gqa fixture's F = 88 is not; d2's widths are; -t 31 makes 124 tokens a micro-batch). The GPU's own check
-    (compute capability 8.9) needs a GPU."""
+    16 (the gqa fixture's F = 88 is not; d2's widths are; -t 31 makes 124 tokens a micro-batch), checked where the
+    products do run in FP8: from -K's width up (-K 0 here, the fixtures are narrow). The GPU's own check (compute
+    capability 8.9) needs a GPU."""
     assert "-M <type>" in run([trainer(), "-h"]).stdout
-    result = run(base_cmd(data, tmp_path / "run", "-M", "fp8"))
+    result = run(base_cmd(data, tmp_path / "run", "-M", "fp8", "-K", 0))
     if precision == "fp32":
         assert_refused_on_host(result, "-M", "'fp8'", "BF16 build")
         return
     assert_refused_on_host(result, "-M fp8", "ffn_hidden F is 88", "multiple of 16")
-    d2 = ["-M", "fp8", "-c", "d2", "-e", ""]
+    narrow = run(base_cmd(data, tmp_path / "run", "-M", "fp8"))  # F = 88 does not matter: the products stay bf16
+    assert passes_host_checks(narrow) and "its width 48 is below -K 1024" in narrow.stdout, \
+        narrow.stdout + narrow.stderr
+    d2 = ["-M", "fp8", "-K", 0, "-c", "d2", "-e", ""]
     assert passes_host_checks(run(base_cmd(data, tmp_path / "run", *d2))), result.stderr
     assert_refused_on_host(run(base_cmd(data, tmp_path / "run2", *d2, "-t", 31)), "-M fp8", "-b x -t is 124")
     assert passes_host_checks(run(base_cmd(data, tmp_path / "run3", "-M", "bf16")))

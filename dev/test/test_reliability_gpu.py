@@ -408,7 +408,7 @@ def d2_runs(build, data, d2_start, tmp_path_factory):
     runs = {}
     for mode in ("bf16", "fp8"):
         out = tmp_path_factory.mktemp(f"d2_{mode}")
-        result = run(train_cmd(build["BF16"], data, out, "-M", mode, model=d2_start))
+        result = run(train_cmd(build["BF16"], data, out, "-M", mode, "-K", 0, model=d2_start))
         assert result.returncode == 0, result.stdout + result.stderr
         runs[mode] = (result.stdout, out)
     return runs
@@ -440,8 +440,8 @@ def test_fp8_recompute_levels_are_bit_identical(build, data, d2_start, d2_runs, 
     """The recomputed inputs are cast as the forward cast them: -R 0 and 2 give the default -R 1's run bit for bit."""
     want = step_lines(d2_runs["fp8"][0])
     for level in (0, 2):
-        result = run(train_cmd(build["BF16"], data, tmp_path / f"r{level}", "-M", "fp8", "-R", level, "-n", 0,
-                               model=d2_start))
+        result = run(train_cmd(build["BF16"], data, tmp_path / f"r{level}", "-M", "fp8", "-K", 0, "-R", level,
+                               "-n", 0, model=d2_start))
         assert result.returncode == 0, result.stdout + result.stderr
         assert step_lines(result.stdout) == want, (level, result.stdout)
 
@@ -449,16 +449,27 @@ def test_fp8_recompute_levels_are_bit_identical(build, data, d2_start, d2_runs, 
 def test_fp8_kill_and_resume_is_bit_identical(build, data, d2_start, d2_runs, tmp_path):
     """Current scaling keeps no state beyond the weights: a resumed FP8 run continues bit for bit."""
     out = tmp_path / "run"
-    killed = run(train_cmd(build["BF16"], data, out, "-M", "fp8", model=d2_start), env={"LLAMA3_FAULT": "step 7"})
+    killed = run(train_cmd(build["BF16"], data, out, "-M", "fp8", "-K", 0, model=d2_start),
+                 env={"LLAMA3_FAULT": "step 7"})
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
-    check_resume_matches(build["BF16"], data, out, d2_runs["fp8"], 6, "-M", "fp8")
+    check_resume_matches(build["BF16"], data, out, d2_runs["fp8"], 6, "-M", "fp8", "-K", 0)
+
+
+def test_fp8_on_a_narrow_model_keeps_bf16_products(build, data, d2_start, d2_runs, tmp_path):
+    """-M fp8 below -K's width (d2: 128 < the default 1024) says so and runs the BF16 mode's products, bit for bit."""
+    result = run(train_cmd(build["BF16"], data, tmp_path / "narrow", "-M", "fp8", "-n", 0, model=d2_start))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "note: -M fp8 runs the layers' products in bf16 on this model: its width 128 is below -K 1024" in \
+        result.stdout, result.stdout
+    assert "layers' matmuls fp8" not in result.stdout and "FP8 copies" not in result.stdout, result.stdout
+    assert step_lines(result.stdout) == step_lines(d2_runs["bf16"][0])
 
 
 @pytest.mark.parametrize("saved,resumed", [("bf16", "fp8"), ("fp8", "bf16")])
 def test_fp8_and_bf16_checkpoints_are_interchangeable(build, data, d2_runs, tmp_path, saved, resumed):
     out = tmp_path / "run"
     shutil.copytree(d2_runs[saved][1], out)
-    result = run(train_cmd(build["BF16"], data, out, "-y", 1, "-x", STEPS + 3, "-M", resumed, model=None))
+    result = run(train_cmd(build["BF16"], data, out, "-y", 1, "-x", STEPS + 3, "-M", resumed, "-K", 0, model=None))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"resumed from {out}/state_{STEPS:08d}.bin at step {STEPS}" in result.stdout
     lines = step_lines(result.stdout)
