@@ -13,12 +13,16 @@ is missing the script stops and prints the apt-get command that installs it.
 
 Documents: each file is one document, <|begin_of_text|> followed by its text (read as UTF-8, decompressed first
 when it is a .gz file). Its name is <package>/<path in the source directory, less .gz>, e.g.
-linux-doc/admin-guide/README.rst. Documents come package by package in the order above, in sorted name order.
+linux-doc/admin-guide/README.rst.
 
-Split: validation is the documents first in the order of the SHA-256 of their names, as few as reach --val_tokens
-tokens; training is all the others. The split depends on the names alone (not on --root, the machine or the
-number of workers), and a document keeps its side when other documents come or go. Both splits keep the document
-order above.
+Order and split: the documents go in the order of the SHA-256 of their names, a fixed shuffle that interleaves the
+packages and their topics. A model trained front to back (a loader without shuffling, as scripts/convergence.py
+runs both trainers) then sees all three packages all along, and a val loss taken on the val split's first batches
+is one on a sample of all three: in package order the stream ended on Perl's manual while the first val batches
+were the kernel's, and the final val loss swung by percents with what the last steps had read. Validation is the
+first documents in that order, as few as reach --val_tokens tokens; training is all the others, in the same order.
+The order and the split depend on the names alone (not on --root, the machine or the number of workers), and a
+document keeps its side when other documents come or go.
 
 Output: --out_dir/debian_docs_val_000000.bin, ... and debian_docs_train_000000.bin, ... of --shard_tokens tokens each
 (the last of each split may be shorter); shards an earlier run left there are removed first. The tokens are held
@@ -91,11 +95,15 @@ def read_document(path):
         raise ValueError(f"{path}: not UTF-8 ({e})") from None
 
 
-def choose_val(names, doc_tokens, val_tokens):
-    """The indices of the validation documents: the first in SHA-256 order of their names, as few as reach
-    val_tokens tokens."""
+def hash_order(names):
+    """The document indices in the order of the SHA-256 of their names."""
+    return sorted(range(len(names)), key=lambda i: hashlib.sha256(names[i].encode("utf-8")).hexdigest())
+
+
+def choose_val(order, doc_tokens, val_tokens):
+    """The indices of the validation documents: the first in `order`, as few as reach val_tokens tokens."""
     val, count = set(), 0
-    for i in sorted(range(len(names)), key=lambda i: hashlib.sha256(names[i].encode("utf-8")).hexdigest()):
+    for i in order:
         if count >= val_tokens:
             break
         val.add(i)
@@ -144,14 +152,15 @@ def main():
     except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
     seconds = time.monotonic() - start
-    val = choose_val(names, doc_tokens, args.val_tokens)
+    order = hash_order(names)
+    val = choose_val(order, doc_tokens, args.val_tokens)
 
     os.makedirs(args.out_dir, exist_ok=True)
     for old in glob.glob(os.path.join(args.out_dir, f"{PREFIX}_*_*.bin")):
         os.remove(old)
     writers = {split: ShardWriter(args.out_dir, PREFIX, split, args.shard_tokens) for split in ("val", "train")}
-    for i, tokens in enumerate(doc_tokens):
-        writers["val" if i in val else "train"].add(tokens)
+    for i in order:
+        writers["val" if i in val else "train"].add(doc_tokens[i])
     paths = {split: writer.close() for split, writer in writers.items()}
 
     for package in packages:

@@ -569,12 +569,13 @@ def test_debian_docs_shards_decode_to_the_documents(tmp_path, tokenizer):
     train_paths, train = read_split(out, "debian_docs", "train")
     val_names = [name_of[t] for t in split_at_bos(val, tokenizer)]
     train_names = [name_of[t] for t in split_at_bos(train, tokenizer)]
-    # every document once (the left-out files not at all), each split in package order, then name order
-    order = sorted(texts, key=lambda n: (DEBIAN_ORDER.index(n.split("/")[0]), n))
-    assert sorted(val_names + train_names) == sorted(texts)
-    assert val_names == [n for n in order if n in val_names] and train_names == [n for n in order if n in train_names]
-    # validation: the fewest documents, first in SHA-256 order of their names, that reach val_tokens
+    # every document once (the left-out files not at all), both splits in SHA-256 order of the names: the packages
+    # interleaved
     by_hash = sorted(texts, key=lambda n: hashlib.sha256(n.encode()).hexdigest())
+    assert sorted(val_names + train_names) == sorted(texts)
+    assert val_names + train_names == by_hash
+    assert len({n.split("/")[0] for n in train_names[:len(train_names) // 2]}) == 3
+    # validation: the fewest documents, first in SHA-256 order of their names, that reach val_tokens
     sizes = [len(tokenizer.encode(texts[n], bos=True)) for n in by_hash]
     take = next(k for k in range(1, len(sizes) + 1) if sum(sizes[:k]) >= val_tokens)
     assert sorted(val_names) == sorted(by_hash[:take]) and 0 < len(val_names) < len(texts)
