@@ -192,6 +192,22 @@ def test_zero_stages_agree_bit_for_bit(build, shards, tokenizer, tmp_path, preci
     assert [(s, l) for s, l, _ in raw_steps(again.stdout)] == results["1"]
 
 
+def test_zero3_tied_embedding_matches_zero1(build, shards, tmp_path):
+    """d12 (above) has its own lm_head; llama3.2-1B ties it to the embedding, which ZeRO-3 gathers once for both
+    uses and whose gradient both uses add to. Two layers of it, ZeRO-1 and ZeRO-3: the same losses and model file."""
+    results, models = {}, {}
+    for stage in ("1", "3"):
+        args = train_args(shards, tmp_path / f"z{stage}", 4, "-G", "0", "-Z", stage, "-n", "4")
+        args[args.index("d12")] = "llama3.2-1B"
+        r = run(mpirun(2, [build["BF16"], *args, "-d", "2"]))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "tied=1" in r.stdout and f"ZeRO stage {stage}" in r.stdout
+        results[stage] = [(s, l) for s, l, _ in raw_steps(r.stdout)]
+        models[stage] = (tmp_path / f"z{stage}" / "model_00000004.bin").read_bytes()
+    assert len(results["1"]) == 4 and results["1"] == results["3"], results
+    assert models["1"] == models["3"]
+
+
 @pytest.mark.parametrize("gpus,options", [(2, ("-Z", "1")), (2, ("-Z", "2")), (2, ("-Z", "2", "-g", "4096")),
                                           (2, ("-Z", "1", "-W", "0", "-O", "bf16")),
                                           (2, ("-Z", "0", "-M", "fp8", "-K", "0")),
