@@ -950,7 +950,7 @@ static void usage(const Options& d) {
     printf("Usage: ./train_llama3cu [options]   (this build: %s)\n", PRECISION_NAME);
     printf("Model (one of -e or -c):\n");
     printf("  -e <path>   start from this checkpoint (.bin) or Hugging Face model directory\n");
-    printf("  -c <name>   from scratch: llama3.1-8B, llama3.2-1B, llama3.2-3B or dN (e.g. d12)\n");
+    printf("  -c <name>   from scratch: llama3.1-8B, llama3.1-70B, llama3.2-1B, llama3.2-3B or dN (e.g. d12)\n");
     printf("  -d <int>    keep only the first N layers of -c (default %d: all)\n", d.depth);
     printf("  -S <int>    seed for init, shuffling and sampling (default %llu)\n", (unsigned long long)d.seed);
     printf("Data:\n");

@@ -82,6 +82,9 @@ inline bool config_from_name(const std::string& name, int depth, Llama3Config* o
     if (name == "llama3.1-8B") {
         c.dim = 4096; c.n_layers = 32; c.n_heads = 32; c.n_kv_heads = 8; c.ffn_hidden = 14336;
         c.tied_embeddings = 0; c.use_rope_scaling = 1; c.rope_scaling_factor = 8.0f;
+    } else if (name == "llama3.1-70B") {
+        c.dim = 8192; c.n_layers = 80; c.n_heads = 64; c.n_kv_heads = 8; c.ffn_hidden = 28672;
+        c.tied_embeddings = 0; c.use_rope_scaling = 1; c.rope_scaling_factor = 8.0f;
     } else if (name == "llama3.2-1B") {
         c.dim = 2048; c.n_layers = 16; c.n_heads = 32; c.n_kv_heads = 8; c.ffn_hidden = 8192;
         c.tied_embeddings = 1; c.use_rope_scaling = 1; c.rope_scaling_factor = 32.0f;

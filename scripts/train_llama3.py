@@ -88,6 +88,8 @@ LLAMA3_SCALED = dict(vocab_size=128256, max_seq_len=8192, use_rope_scaling=1, ro
 NAMED_CONFIGS = {
     "llama3.1-8B": Llama3Config(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_hidden=14336, tied_embeddings=0,
                                 rope_scaling_factor=8.0, **LLAMA3_SCALED),
+    "llama3.1-70B": Llama3Config(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, tied_embeddings=0,
+                                 rope_scaling_factor=8.0, **LLAMA3_SCALED),
     "llama3.2-1B": Llama3Config(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_hidden=8192, tied_embeddings=1,
                                 rope_scaling_factor=32.0, **LLAMA3_SCALED),
     "llama3.2-3B": Llama3Config(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_hidden=8192, tied_embeddings=1,
@@ -581,7 +583,7 @@ def make_optimizer(model, hp, device):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="d12",
-                        help="llama3.1-8B, llama3.2-1B, llama3.2-3B, dN, test-gqa, test-tied")
+                        help="llama3.1-8B, llama3.1-70B, llama3.2-1B, llama3.2-3B, dN, test-gqa, test-tied")
     parser.add_argument("--depth", type=int, default=0, help="keep only the first N layers (0: all)")
     parser.add_argument("--model", default="", help="start from this checkpoint instead of a random init")
     parser.add_argument("--seed", type=int, default=1337)
