@@ -347,7 +347,7 @@ def test_convergence_presets():
     d12 = convergence.parse_args(["--train", "t", "--val", "v"])
     assert (d12.config, d12.steps, d12.batch_size, d12.seq_len, d12.lr, d12.warmup) == ("d12", 3000, 16, 1024, 6e-4,
                                                                                          100)
-    assert d12.variants == ["ours_bf16", "ours_fp8", "torch_bf16", "torchao_fp8"] and d12.fp8_flag == "-M fp8"
+    assert d12.variants == ["ours_bf16", "ours_fp8", "torch_bf16", "torchao_fp8"] and d12.fp8_flag == "-M fp8 -K 0"
     big = convergence.parse_args(["--train", "t", "--val", "v", "--config", "llama3.2-1B", "--depth", "4",
                                   "--steps", "1000", "-B", "4"])
     assert (big.depth, big.steps, big.batch_size, big.seq_len, big.lr, big.warmup) == (4, 1000, 4, 2048, 3e-4, 50)
@@ -446,7 +446,7 @@ def test_convergence_dry_run(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 3 and "--write_model" in lines[0] and "--depth 4" in lines[0]
-    assert lines[1].startswith("[ours_fp8] $ ") and lines[1].endswith("-M fp8") and "-x 1000 " in lines[1]
+    assert lines[1].startswith("[ours_fp8] $ ") and lines[1].endswith("-M fp8 -K 0") and "-x 1000 " in lines[1]
     assert lines[2].startswith("[torch_fp8] $ ") and "'t*.bin'" in lines[2] and "--fp8 --fp8_scaled_mm" in lines[2]
     assert not out.exists()
 
