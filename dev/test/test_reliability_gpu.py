@@ -446,6 +446,21 @@ def test_fp8_recompute_levels_are_bit_identical(build, data, d2_start, d2_runs, 
         assert step_lines(result.stdout) == want, (level, result.stdout)
 
 
+def test_fp8_recompute_levels_are_bit_identical_at_d12_widths(build, data, tmp_path):
+    """The same at d12's widths (dim 768, F 2048, QKV 1280), whose FP8 copies sit elsewhere in the scratch than
+    d2's: from scratch, -R 0, 1 and 2 give the same losses and norms."""
+    want = None
+    for level in (1, 0, 2):
+        result = run(train_cmd(build["BF16"], data, tmp_path / f"r{level}", "-M", "fp8", "-K", 0, "-R", level,
+                               "-c", "d12", "-t", 64, "-x", 4, "-n", 0, "-v", 0, model=None))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "layers' matmuls fp8" in result.stdout
+        lines = step_lines(result.stdout)
+        assert len(lines) == 4
+        want = want or lines
+        assert lines == want, (level, lines, want)
+
+
 def test_fp8_kill_and_resume_is_bit_identical(build, data, d2_start, d2_runs, tmp_path):
     """Current scaling keeps no state beyond the weights: a resumed FP8 run continues bit for bit."""
     out = tmp_path / "run"
