@@ -464,10 +464,12 @@ struct Llama3 {
     bool fp8_products(int N) const { return fp8_mode && N % 16 == 0; }
     static int fp8_slot(int l, Fp8Product product) { return l * FP8_PRODUCTS + product; }
 
-    // Layer l's slice of a per-layer activation, or the single slice a recomputed buffer holds.
+    // Layer l's slice of a per-layer activation, or the single slice a recomputed buffer holds. Per layer only where
+    // all L slices fit: a forward on fewer tokens than allocated (the sampler's) may fit several slices of its size
+    // in a single-slice buffer, but not L of them.
     template <typename T>
-    static T* layer_slice(DeviceBuffer<T>& buf, int l, size_t per_layer) {
-        return buf.count > per_layer ? buf.ptr + (size_t)l * per_layer : buf.ptr;
+    T* layer_slice(DeviceBuffer<T>& buf, int l, size_t per_layer) const {
+        return buf.count >= (size_t)config.n_layers * per_layer ? buf.ptr + (size_t)l * per_layer : buf.ptr;
     }
 
     // Forward on (b, t) token ids (b <= B, t <= T), up to the final norm: fills the activations, acts.lnf last.

@@ -18,6 +18,7 @@ against bf16 autocast's error; skipped on GPUs without FP8 tensor cores.
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -268,16 +269,34 @@ def test_bad_flags_rejected(build, small_run_inputs, tmp_path, case):
     assert word in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("model", ["test-gqa", "d2", "d2-fused", "d2-fp8"])
+def write_byte_tokenizer(path, vocab=259):
+    """A tokenizer .bin (llmc/tokenizer.h) for test-gqa's 259 ids: bytes, then <|begin_of_text|>, <|end_of_text|>,
+    <|eot_id|>."""
+    pieces = [bytes([i]) for i in range(256)] + [b"<|begin_of_text|>", b"<|end_of_text|>", b"<|eot_id|>"]
+    header = np.zeros(16, dtype="<i4")
+    header[:7] = [20261125, 1, vocab, 256, 257, 258, sum(len(p) for p in pieces)]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        for p in pieces:
+            f.write(struct.pack("<I", len(p)) + p)
+    return path
+
+
+@pytest.mark.parametrize("model", ["test-gqa", "test-gqa-sample", "d2", "d2-fused", "d2-fp8"])
 def test_compute_sanitizer_memcheck(build, small_run_inputs, tmp_path, model):
     """test-gqa (head dim 8) runs the scalar attention kernels, d2 (head dim 64, T = 100: a ragged last tile) the
     tensor-core ones; d2-fused (256 tokens a micro-batch, F = 512: a ragged last tile column) also the w13 and w2
     products with the SwiGLU forward and backward fused on Hopper (matmul_swiglu.cuh); d2-fp8 the same in the FP8
-    mode (-M fp8: casts, FP8 products and the scratch they share, matmul_fp8.cuh)."""
+    mode (-M fp8: casts, FP8 products and the scratch they share, matmul_fp8.cuh). test-gqa-sample samples up to
+    T tokens with B = 1: the sampler's forwards on 17 to 32 tokens, where one layer's slice of the recomputed
+    buffers (ln1, ln2, hact: B x T rows) holds fewer rows than two layers' (they wrote past it once)."""
     sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not os.path.exists(sanitizer):
         pytest.skip("compute-sanitizer not installed")
     cmd = train_cmd(build["BF16"]["train"], small_run_inputs, tmp_path / "san", 3, "-n", "0")
+    if model == "test-gqa-sample":
+        cmd += ["-b", "1", "-t", "32", "-g", "32", "-s", "3", "-L", "31", "-z", str(write_byte_tokenizer(
+            tmp_path / "tok.bin"))]
     if model == "d2":
         cmd = cmd[:1] + ["-c", "d2"] + cmd[3:] + ["-b", "2", "-t", "100", "-g", "200"]
     if model in ("d2-fused", "d2-fp8"):
