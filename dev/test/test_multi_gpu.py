@@ -208,6 +208,24 @@ def test_zero3_tied_embedding_matches_zero1(build, shards, tmp_path):
     assert models["1"] == models["3"]
 
 
+@pytest.mark.parametrize("options", [(), ("-Q", "0", "-R", "0")])
+def test_zero3_eval_and_export_match_zero1(build, shards, tmp_path, options):
+    """What the other ZeRO-3 cases leave out: the val forwards (every rank gathers the weights for them), the
+    Hugging Face export at the end (gathered for rank 0), and -Q 0 / -R 0. The same val losses and the same files
+    as ZeRO-1."""
+    val, out = {}, {}
+    for stage in ("1", "3"):
+        export = tmp_path / f"hf{stage}"
+        args = train_args(shards, tmp_path / f"z{stage}", 4, "-G", "0", "-Z", stage, *options, "-X", str(export))
+        args[args.index("-j") + 1] = str(shards / "tok_train.bin")
+        r = run(mpirun(2, [build["BF16"], *args, "-v", "2", "-m", "2"]))
+        assert r.returncode == 0, r.stdout + r.stderr
+        val[stage] = re.findall(r"^step (\d+) \| val loss (\S+)", r.stdout, re.M)
+        out[stage] = {p.name: p.read_bytes() for p in sorted(export.iterdir())}
+    assert [s for s, _ in val["1"]] == ["0", "2", "4"] and val["1"] == val["3"], val
+    assert "config.json" in out["1"] and out["1"] == out["3"]
+
+
 @pytest.mark.parametrize("gpus,options", [(2, ("-Z", "1")), (2, ("-Z", "2")), (2, ("-Z", "2", "-g", "4096")),
                                           (2, ("-Z", "1", "-W", "0", "-O", "bf16")),
                                           (2, ("-Z", "0", "-M", "fp8", "-K", "0")),

@@ -75,7 +75,7 @@ run_part() {
         build) nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | sort | uniq -c
                stage build build ;;
         cpu) stage cpu python3 -m pytest -q -rs dev/test/test_multi_gpu_cpu.py dev/test/test_reliability.py ;;
-        equivalence) multigpu equivalence "zero_stages_agree or resharded_state or tied_embedding" ;;
+        equivalence) multigpu equivalence "zero_stages_agree or resharded_state or tied_embedding or eval_and_export" ;;
         resume3) multigpu resume3 "resume_is_bit_identical and Z3" ;;
         resume012) multigpu resume012 "resume_is_bit_identical and not Z3" ;;
         reshard) multigpu reshard "reshard_to_another" ;;
