@@ -13,20 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out/reshard_check}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-status=0
-
-stage() {  # stage NAME COMMAND...: runs it with its output in $OUT/NAME.log
-    local name=$1
-    shift
-    if "$@" > "$OUT/$name.log" 2>&1; then
-        echo "PASS $name"
-    else
-        echo "FAIL $name (see $OUT/$name.log)"
-        status=1
-    fi
-}
+source dev/test/gpu_check_common.sh
 
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | sort | uniq -c
 stage build make -j16 cpu train_llama3cu USE_MPI=1
@@ -35,11 +22,7 @@ stage multigpu python3 -m pytest -v -s -rs dev/test/test_multi_gpu.py
 grep -E "(PASSED|FAILED|SKIPPED|ERROR)( |$)|^ *[0-9]+ \| [0-9.]+ [0-9.]+ \||tok/s|reads, |^worst" "$OUT/multigpu.log"
 grep -E "[0-9]+ (passed|failed)" "$OUT/multigpu.log"
 
-mkdir -p .devdata
-[ -f .devdata/random_train.bin ] || python3 -c "import numpy as np; n = 8000000; h = np.zeros(256, np.int32)
-h[:3] = [20240801, 7, n]
-tokens = np.random.default_rng(0).integers(0, 128256, n, dtype=np.uint32)
-open('.devdata/random_train.bin', 'wb').write(h.tobytes() + tokens.tobytes())"
+random_tokens
 bench=(python3 scripts/bench_multi_gpu.py --gpus 2 --torch none --steps 10 --train .devdata/random_train.bin)
 stage bench_default "${bench[@]}" --ours 1,Z1 --out "$OUT/default"
 stage bench_socket "${bench[@]}" --ours Z1 --transport socket --out "$OUT/socket"

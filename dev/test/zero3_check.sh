@@ -22,35 +22,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-out/zero3_check}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source dev/test/gpu_check_common.sh
 MPIRUN=(mpirun -np 2 --bind-to none -x NCCL_NVLS_ENABLE)
-status=0
-
-stage() {  # stage NAME COMMAND...: runs it with its output in $OUT/NAME.log
-    local name=$1
-    shift
-    if "$@" > "$OUT/$name.log" 2>&1; then
-        echo "PASS $name"
-    else
-        echo "FAIL $name (see $OUT/$name.log)"
-        status=1
-    fi
-}
 
 multigpu() {  # multigpu NAME -k EXPRESSION: the cases of test_multi_gpu.py that match
     stage "$1" python3 -m pytest -v -s -rs dev/test/test_multi_gpu.py -k "$2"
     grep -E "(PASSED|FAILED|SKIPPED|ERROR)( |$)|^Z[0-3]: peak mem|^ *[0-9]+ \| [0-9.]+ [0-9.]+ \||reads, " \
         "$OUT/$1.log"
     grep -E "[0-9]+ (passed|failed)" "$OUT/$1.log"
-}
-
-random_tokens() {
-    mkdir -p .devdata
-    [ -f .devdata/random_train.bin ] || python3 -c "import numpy as np; n = 8000000; h = np.zeros(256, np.int32)
-h[:3] = [20240801, 7, n]
-tokens = np.random.default_rng(0).integers(0, 128256, n, dtype=np.uint32)
-open('.devdata/random_train.bin', 'wb').write(h.tobytes() + tokens.tobytes())"
 }
 
 build() {
