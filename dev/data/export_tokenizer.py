@@ -19,30 +19,34 @@ import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llama3_tokenizer import Llama3Tokenizer  # noqa: E402
 
 TOKENIZER_MAGIC = 20261125
 TOKENIZER_VERSION = 1
 HEADER_INTS = 16
 
 
-def export(tokenizer, out_path):
-    pieces = [tokenizer.token_bytes(i) for i in range(tokenizer.n_words)]
+def write_tokenizer(out_path, pieces, bos_id, eos_id, eot_id):
+    """The file llmc/tokenizer.h reads: pieces[i] is id i's bytes. Written to a temporary file, then renamed."""
     header = [0] * HEADER_INTS
-    header[0] = TOKENIZER_MAGIC
-    header[1] = TOKENIZER_VERSION
-    header[2] = len(pieces)
-    header[3] = tokenizer.bos_id
-    header[4] = tokenizer.eos_id
-    header[5] = tokenizer.eot_id
-    header[6] = sum(len(p) for p in pieces)
-    tmp = out_path + ".tmp"
+    header[:7] = [TOKENIZER_MAGIC, TOKENIZER_VERSION, len(pieces), bos_id, eos_id, eot_id, sum(len(p) for p in pieces)]
+    tmp = str(out_path) + ".tmp"
     with open(tmp, "wb") as f:
         f.write(struct.pack(f"<{HEADER_INTS}i", *header))
         for piece in pieces:
             f.write(struct.pack("<I", len(piece)))
             f.write(piece)
     os.replace(tmp, out_path)
+    return out_path
+
+
+def byte_pieces(vocab):
+    """A stand-in vocabulary for tests: ids below 256 are their byte, the others named <|special i|>."""
+    return [bytes([i]) if i < 256 else f"<|special {i}|>".encode() for i in range(vocab)]
+
+
+def export(tokenizer, out_path):
+    pieces = [tokenizer.token_bytes(i) for i in range(tokenizer.n_words)]
+    write_tokenizer(out_path, pieces, tokenizer.bos_id, tokenizer.eos_id, tokenizer.eot_id)
     return len(pieces)
 
 
@@ -52,6 +56,8 @@ def main():
                         help="Llama 3 tokenizer.model (default: $LLAMA3_TOKENIZER, else the repo's copy)")
     parser.add_argument("--out", required=True, help="the .bin to write")
     args = parser.parse_args()
+    from llama3_tokenizer import Llama3Tokenizer  # tiktoken: only for the real tokenizer, not for write_tokenizer
+
     try:
         tokenizer = Llama3Tokenizer(args.tokenizer)
     except (ValueError, FileNotFoundError) as e:

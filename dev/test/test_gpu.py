@@ -18,7 +18,6 @@ against bf16 autocast's error; skipped on GPUs without FP8 tensor cores.
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 
@@ -27,6 +26,8 @@ import pytest
 from gpu_common import build_binaries, requires_fp8_tensor_cores, requires_gpu, skip_without_torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "dev", "data"))
+import export_tokenizer  # noqa: E402
 
 
 pytestmark = requires_gpu
@@ -269,19 +270,6 @@ def test_bad_flags_rejected(build, small_run_inputs, tmp_path, case):
     assert word in result.stderr, result.stderr
 
 
-def write_byte_tokenizer(path, vocab=259):
-    """A tokenizer .bin (llmc/tokenizer.h) for test-gqa's 259 ids: bytes, then <|begin_of_text|>, <|end_of_text|>,
-    <|eot_id|>."""
-    pieces = [bytes([i]) for i in range(256)] + [b"<|begin_of_text|>", b"<|end_of_text|>", b"<|eot_id|>"]
-    header = np.zeros(16, dtype="<i4")
-    header[:7] = [20261125, 1, vocab, 256, 257, 258, sum(len(p) for p in pieces)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        for p in pieces:
-            f.write(struct.pack("<I", len(p)) + p)
-    return path
-
-
 @pytest.mark.parametrize("model", ["test-gqa", "test-gqa-sample", "d2", "d2-fused", "d2-fp8"])
 def test_compute_sanitizer_memcheck(build, small_run_inputs, tmp_path, model):
     """test-gqa (head dim 8) runs the scalar attention kernels, d2 (head dim 64, T = 100: a ragged last tile) the
@@ -295,8 +283,8 @@ def test_compute_sanitizer_memcheck(build, small_run_inputs, tmp_path, model):
         pytest.skip("compute-sanitizer not installed")
     cmd = train_cmd(build["BF16"]["train"], small_run_inputs, tmp_path / "san", 3, "-n", "0")
     if model == "test-gqa-sample":
-        cmd += ["-b", "1", "-t", "32", "-g", "32", "-s", "3", "-L", "31", "-z", str(write_byte_tokenizer(
-            tmp_path / "tok.bin"))]
+        cmd += ["-b", "1", "-t", "32", "-g", "32", "-s", "3", "-L", "31", "-z", str(
+            export_tokenizer.write_tokenizer(tmp_path / "tok.bin", export_tokenizer.byte_pieces(259), 256, 257, 258))]
     if model == "d2":
         cmd = cmd[:1] + ["-c", "d2"] + cmd[3:] + ["-b", "2", "-t", "100", "-g", "200"]
     if model in ("d2-fused", "d2-fp8"):

@@ -25,8 +25,8 @@ import os
 import re
 import shutil
 import signal
-import struct
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -34,6 +34,8 @@ import pytest
 from gpu_common import build_binaries, gpu_count
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "dev", "data"))
+import export_tokenizer  # noqa: E402
 
 
 GPUS = gpu_count()
@@ -97,15 +99,7 @@ def shards(tmp_path_factory):
 def tokenizer(tmp_path_factory):
     """A tokenizer file for d12's 128256 ids (llmc/tokenizer.h): byte tokens, then named special tokens."""
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.bin"
-    vocab, bos, eos, eot = 128256, 128000, 128001, 128009
-    pieces = [bytes([i % 256]) if i < 256 else f"<|special {i}|>".encode() for i in range(vocab)]
-    header = np.zeros(16, dtype="<i4")
-    header[:7] = [20261125, 1, vocab, bos, eos, eot, sum(len(p) for p in pieces)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        for p in pieces:
-            f.write(struct.pack("<I", len(p)) + p)
-    return path
+    return export_tokenizer.write_tokenizer(path, export_tokenizer.byte_pieces(128256), 128000, 128001, 128009)
 
 
 def train_args(shards, out_dir, steps, *extra):

@@ -28,6 +28,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "dev" / "data"))
+import export_tokenizer  # noqa: E402
 import shards  # noqa: E402
 
 HELPER = ROOT / "dev" / "test" / "test_reliability"
@@ -440,14 +441,7 @@ def data(tmp_path_factory):
 
 
 def write_tokenizer(path, vocab, bos, eos, eot):
-    pieces = [bytes([i % 256]) if i < 256 else f"<|special {i}|>".encode() for i in range(vocab)]
-    header = np.zeros(16, dtype="<i4")
-    header[:7] = [20261125, 1, vocab, bos, eos, eot, sum(len(p) for p in pieces)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        for p in pieces:
-            f.write(struct.pack("<I", len(p)) + p)
-    return path
+    return export_tokenizer.write_tokenizer(path, export_tokenizer.byte_pieces(vocab), bos, eos, eot)
 
 
 def base_cmd(data, out_dir, *extra, model=GQA):
