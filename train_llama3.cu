@@ -1368,8 +1368,9 @@ int main(int argc, char** argv) {
     int grad_accum = batch.grad_accum;
     // -M fp8 on a narrow model: its products' FP8 savings (which grow with the width) fall below the casts' cost
     // (which do not), so it keeps them bf16; dev/NOTES.md has the measurements behind -K's default
-    const bool fp8 = strcmp(opt.matmul_precision, "fp8") == 0 && config.dim >= opt.fp8_min_dim;
-    if (strcmp(opt.matmul_precision, "fp8") == 0 && !fp8)
+    const bool fp8_asked = strcmp(opt.matmul_precision, "fp8") == 0;
+    const bool fp8 = fp8_asked && config.dim >= opt.fp8_min_dim;
+    if (fp8_asked && !fp8)
         printf("note: -M fp8 runs the layers' products in bf16 on this model: its width %d is below -K %d\n",
                config.dim, opt.fp8_min_dim);
     if (fp8) {
