@@ -255,7 +255,6 @@ struct Llama3 {
     // ranks) and grads.summed its part of the summed gradients. Stages 2 and 3: also grads.buffer is only scratch.
     Gradients grads;
     Optimizer optimizer;
-    DeviceBuffer<double> reduce_scratch;
     int recompute = 0;                 // activation recomputation level: 0 none, 1 norms + swiglu, 2 also w13
     bool fp8_mode = false;             // -M fp8: the layers' products in FP8, with their scratch
     Fp8LinearScales fp8_scales;
@@ -283,7 +282,6 @@ struct Llama3 {
     void allocate_params() {
         num_params = param_layout(config).total;
         grads.setup(config);
-        reduce_scratch = DeviceBuffer<double>(1);
         weights.allocate(config, grads.shards, grads.comm_stream);
         grads.allocate();
         optimizer.allocate(grads.sharded() ? grads.shards.shard_size : num_params);
@@ -891,7 +889,7 @@ static void save_training_state(const std::string& dir, Llama3& model, int step,
     int rank = g_multi_gpu.rank;
     if (rank != 0) write_state_file(state_path(dir, step, rank), model, step, loader, sampler_rng, run_id,
                                     tokens_per_step);
-    all_reduce_sum(1.0, model.reduce_scratch.ptr, model.stream);
+    all_reduce_sum(1.0);
     // rank 0 writes it; it refuses non-finite parameters before writing anything
     model.save(step_path(dir, "model", step).c_str());
     if (rank == 0) {
@@ -1534,8 +1532,8 @@ int main(int argc, char** argv) {
             batches++;
         }
         // over every rank's batches (the loader gives each its part of every sample)
-        sum = all_reduce_sum(sum, model.reduce_scratch.ptr, model.stream);
-        counted = (int64_t)all_reduce_sum((double)counted, model.reduce_scratch.ptr, model.stream);
+        sum = all_reduce_sum(sum);
+        counted = (int64_t)all_reduce_sum((double)counted);
         float val_loss = counted > 0 ? (float)(sum / counted) : NAN;
         printf("step %d | val loss %.6f (%d batches)\n", step, val_loss, batches);
         flush_stdout_check();
@@ -1560,8 +1558,9 @@ int main(int argc, char** argv) {
             micro_targets[micro] = train_loader.targets;
             step_targets += count_targets(train_loader.targets.data(), train_loader.targets.size());
         }
-        // counts below 2^53 add exactly in double: every rank gets the same total
-        step_targets = (int64_t)all_reduce_sum((double)step_targets, model.reduce_scratch.ptr, model.stream);
+        // counts below 2^53 add exactly in double: every rank gets the same total. A host sum (MPI): it does not
+        // wait for the weight gathers that the last update queued, which the forward waits for layer by layer
+        step_targets = (int64_t)all_reduce_sum((double)step_targets);
         double loss_sum = 0.0;
         for (int micro = 0; micro < grad_accum && step_targets > 0; micro++) {
             model.forward(micro_inputs[micro].data(), micro_targets[micro].data(), opt.B, opt.T);
@@ -1580,7 +1579,7 @@ int main(int argc, char** argv) {
             for (int micro = 0; micro < grad_accum; micro++) loss_sum += model.staged_loss_sum(micro, opt.B * opt.T);
             norm = model.read_grad_norm();
         }
-        loss_sum = all_reduce_sum(loss_sum, model.reduce_scratch.ptr, model.stream);
+        loss_sum = all_reduce_sum(loss_sum);
         float loss = all_masked ? NAN : (float)(loss_sum / step_targets);
         if (fault_requested("nan " + std::to_string(step))) loss = NAN;  // test hook (llmc/fault.h)
         // a non-finite loss or norm: no update (llmc/nonfinite.h); a step with nothing to learn is no divergence

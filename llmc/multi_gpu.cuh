@@ -2,9 +2,11 @@
 // ZeRO sharding of the optimizer state (stage 1), of the gradients (stage 2) and of the weights (stage 3).
 //
 // Processes. MPI (mpirun, or srun with MPI) starts one process per GPU and hands the NCCL id from rank 0 to the
-// others; every collective afterwards is NCCL. Each rank takes the GPU of its local rank (its index among the ranks
-// of its host). A binary started without a launcher runs as one rank and touches neither MPI nor NCCL, so the
-// single-GPU path is the plain trainer. Built with USE_MPI=0 (no MPI or NCCL at hand) only one rank exists.
+// others; every collective on GPU data afterwards is NCCL, while the few host values summed over the ranks (the
+// loss, the step's target count, the checkpoint barrier) go through MPI (all_reduce_sum). Each rank takes the GPU
+// of its local rank (its index among the ranks of its host). A binary started without a launcher runs as one rank
+// and touches neither MPI nor NCCL, so the single-GPU path is the plain trainer. Built with USE_MPI=0 (no MPI or
+// NCCL at hand) only one rank exists.
 //
 // Slices and shards (llmc/shard_layout.h): every tensor slice (a layer's part of a per-layer tensor, or a whole
 // other tensor) is split into N equal parts, and rank r owns part r of each; its shard is those parts back to back.
@@ -202,20 +204,28 @@ inline void event_sync(cudaEvent_t event) {
     cudaCheck(cudaEventSynchronize(event));
 }
 
-// The sum over ranks of a host value, the same on every rank (fixed order). `scratch`: one device double.
-inline double all_reduce_sum(double value, double* scratch, cudaStream_t stream) {
+// The sum over ranks of a host value, the same on every rank: MPI brings every rank's value to every rank, and each
+// adds them in rank order (with 2 ranks a + b, as an NCCL sum gives). Host only, on purpose: NCCL runs the operations
+// of one communicator one after another whatever their streams (each launch waits for the communicator's previous
+// one), so a sum through NCCL would wait for every collective queued before it, e.g. the weight gathers that the
+// update queued, which the next forward waits for layer by layer instead. Gives up after the collective timeout (-T),
+// as stream_sync does, so a rank that stops answering stops the job here too.
+inline double all_reduce_sum(double value) {
 #if defined(USE_MPI)
     MultiGpu& mg = g_multi_gpu;
     if (mg.world > 1) {
-        cudaCheck(cudaMemcpyAsync(scratch, &value, sizeof(double), cudaMemcpyHostToDevice, stream));
-        ncclCheck(ncclAllReduce(scratch, scratch, 1, ncclFloat64, ncclSum, mg.comm, stream));
-        stream_sync(stream);  // a copy to pageable memory blocks until the stream is done: wait with the timeout first
-        cudaCheck(cudaMemcpyAsync(&value, scratch, sizeof(double), cudaMemcpyDeviceToHost, stream));
-        stream_sync(stream);
+        std::vector<double> values(mg.world);
+        MPI_Request request;
+        MPI_Iallgather(&value, 1, MPI_DOUBLE, values.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD, &request);
+        wait_for_collectives([&] {
+            int done = 0;
+            MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+            return done ? cudaSuccess : cudaErrorNotReady;
+        });
+        MPI_Wait(&request, MPI_STATUS_IGNORE);  // without a communicator the loop above returns at once
+        value = values[0];
+        for (int r = 1; r < mg.world; r++) value += values[r];
     }
-#else
-    (void)scratch;
-    (void)stream;
 #endif
     return value;
 }
