@@ -628,8 +628,8 @@ struct Llama3 {
     // Backward of the last forward and classifier(..., dloss != 0); gradients accumulate into grads (the first
     // backward after zero_grad writes them). With `reduce` (several GPUs: the last micro-batch of a step, or every
     // one with stages 2 and 3) each layer's gradients are summed over the ranks as soon as the layer is done,
-    // overlapping the layers below; the head tensors go last and are waited for (stages 2 and 3: an untied lm_head's
-    // first, see Gradients).
+    // overlapping the layers below; an untied lm_head's goes first, the other head tensors last, and the step waits
+    // for them all (see Gradients).
     // `accumulate`: stages 2 and 3 add into the gradient shard instead of overwriting it (micro-batches after the
     // first).
     void backward(int b, int t, bool reduce = false, bool accumulate = false) {
@@ -649,7 +649,7 @@ struct Llama3 {
         auto grad_amax = [&](int l, Fp8Product product) {
             return fp8 && l >= 0 ? f8.grad_amax(fp8_slot(l, product)) : nullptr;
         };
-        if (reduce) grads.classifier_done(accumulate, stream);  // stages 2 and 3: an untied lm_head's, complete now
+        if (reduce) grads.classifier_done(accumulate, stream);  // an untied lm_head's, complete now
         // ZeRO-3: the last two layers' gathers (the forward's slots still hold them); after each layer its slot
         // gathers the layer two below
         weights.prefetch(L - 1, stream);

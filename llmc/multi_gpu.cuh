@@ -24,9 +24,9 @@
 //      all-gathered into one of two layer-sized buffers before the forward uses it and again before the backward
 //      does, while the layer before computes; the embedding and final norm are gathered after every update, an
 //      untied lm_head into the embedding's place once the forward has read it (Weights).
-// Gradients are reduced as soon as the backward has produced them: each layer's slices (one NCCL group) on a
-// second stream while the backward goes on with the layers below; the head tensors (embedding, final norm, lm_head)
-// form the last group, which the step waits for (stages 2 and 3 reduce an untied lm_head first). The weights'
+// Gradients are reduced as soon as the backward has produced them, on a second stream while the backward goes on:
+// an untied lm_head's right after the classifier, each layer's slices (one NCCL group) while the layers below
+// compute; the other head tensors (embedding, final norm) form the last group, which the step waits for. The weights'
 // gathers go on that same stream: NCCL operations of one communicator must be queued in the same order on every
 // rank, which one stream and the same program give.
 //
@@ -322,9 +322,9 @@ inline void all_gather_slices(const ShardLayout& s, const std::vector<int>& indi
 // see the top of this file). Stages 0 and 1: `buffer` is the whole gradient in flat parameter order. Stages 2 and 3:
 // `buffer` is only scratch (SlotLayout): two layer-sized slots that alternate (layer l in slot l % 2), a slot cleared
 // before each use once the reduction of the layer it held before is done; then the vocabulary table and the final
-// norm. An untied lm_head's gradient, complete when the classifier is, is reduced at the backward's start, and the
-// embedding's, written at its end, takes its place. Stages 1 to 3 sum into `summed`, this rank's shard of the summed
-// gradients.
+// norm. An untied lm_head's gradient, complete when the classifier is, is reduced at the backward's start (in every
+// stage), and in stages 2 and 3 the embedding's, written at its end, takes its place. Stages 1 to 3 sum into
+// `summed`, this rank's shard of the summed gradients.
 //
 // The backward calls classifier_done() first, begin_layer(l) before it writes layer l's gradients, layer_done(l)
 // after, begin_embedding() before the embedding's, and head_done() once the head tensors' are complete. The
@@ -339,7 +339,7 @@ struct Gradients {
     SlotLayout slots;  // of `buffer` in stages 2 and 3
     cudaStream_t comm_stream = 0;  // the collectives: these reductions and the weights' gathers (Weights)
     cudaEvent_t queued = nullptr, reduced = nullptr, slot_free[2] = {nullptr, nullptr}, table_free = nullptr;
-    // The head tensors' slices, reduced last; stages 2 and 3 with an untied lm_head reduce its slice first.
+    // The head tensors' slices, reduced last, and an untied lm_head's, reduced first (classifier_done).
     std::vector<int> last_slices, lm_head_slices;
 
     bool sharded() const { return stage >= 1; }
@@ -361,7 +361,7 @@ struct Gradients {
             make_shard_layout(c, 1, 0, &shards, &why);  // stage 0 reduces whole slices: any size works
         }
         for (int i : shards.head_slices) {
-            bool first = in_slots() && shards.slices[i].tensor == LM_HEAD;
+            bool first = shards.slices[i].tensor == LM_HEAD;
             (first ? lm_head_slices : last_slices).push_back(i);
         }
         if (mg.world > 1) {
@@ -389,8 +389,8 @@ struct Gradients {
         return in_slots() ? slot_tensors(buffer.ptr, slots, l) : layer_tensors(buffer.ptr, config, l);
     }
 
-    // The classifier's gradient is complete: stages 2 and 3 reduce an untied lm_head's now, so that the embedding's
-    // can take its place (begin_embedding). `accumulate` as for layer_done.
+    // The classifier's gradient is complete: an untied lm_head's is reduced now, while the layers' backward runs
+    // (stages 2 and 3 then let the embedding's take its place, begin_embedding). `accumulate` as for layer_done.
     void classifier_done(bool accumulate, cudaStream_t stream) {
         if (!lm_head_slices.empty()) reduce(lm_head_slices, head(), accumulate, table_free, stream);
     }
@@ -412,7 +412,7 @@ struct Gradients {
     // Before the backward adds the embedding's gradient: stages 2 and 3 clear the table once an untied lm_head's
     // gradient there is reduced.
     void begin_embedding(cudaStream_t stream) {
-        if (lm_head_slices.empty()) return;
+        if (!in_slots() || lm_head_slices.empty()) return;
         cudaCheck(cudaStreamWaitEvent(stream, table_free));
         cudaCheck(cudaMemsetAsync(head().tok_embedding, 0, param_layout(config).sizes[TOK_EMBEDDING] * sizeof(floatX),
                                   stream));
