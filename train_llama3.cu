@@ -628,8 +628,8 @@ struct Llama3 {
     // Backward of the last forward and classifier(..., dloss != 0); gradients accumulate into grads (the first
     // backward after zero_grad writes them). With `reduce` (several GPUs: the last micro-batch of a step, or every
     // one with stages 2 and 3) each layer's gradients are summed over the ranks as soon as the layer is done,
-    // overlapping the layers below; an untied lm_head's goes first, the other head tensors last, and the step waits
-    // for them all (see Gradients).
+    // overlapping the layers below; an untied lm_head's goes first, the other head tensors' before layer 0's (see
+    // defer_layer0), and the step waits for them all (see Gradients).
     // `accumulate`: stages 2 and 3 add into the gradient shard instead of overwriting it (micro-batches after the
     // first).
     void backward(int b, int t, bool reduce = false, bool accumulate = false) {
@@ -650,6 +650,21 @@ struct Llama3 {
             return fp8 && l >= 0 ? f8.grad_amax(fp8_slot(l, product)) : nullptr;
         };
         if (reduce) grads.classifier_done(accumulate, stream);  // an untied lm_head's, complete now
+        // The embedding's gradient (d(residual) at layer 0's input added into its rows), then the reduction of the
+        // head tensors' gradients, the step's largest (a V x C table).
+        auto embedding_backward = [&]() {
+            ProfileScope region(prof, "bwd embedding");
+            embedding_plan.build(host_inputs.data(), N, stream);
+            grads.begin_embedding(stream);
+            encoder_backward(hg.tok_embedding, a.dresidual.ptr, embedding_plan, C, stream);
+            if (reduce) grads.head_done(accumulate, stream);
+        };
+        // With a reduction, layer 0's last weight-gradient products (w13's, except in FP8, and wqkv's) wait until the
+        // embedding's gradient is written and the head's reduction is queued, so that they compute while it runs and
+        // only layer 0's smaller reduction is left after the backward. The same products of the same inputs, which
+        // nothing in between writes: the same bits. (FP8's w13 product needs the output-gradient scale that the wo and
+        // qkv products after it overwrite, so it stays in place.) One GPU keeps the plain order.
+        const bool defer_layer0 = reduce && L > 0;
         // ZeRO-3: the last two layers' gathers (the forward's slots still hold them); after each layer its slot
         // gathers the layer two below
         weights.prefetch(L - 1, stream);
@@ -724,8 +739,9 @@ struct Llama3 {
                 if (fp8) {
                     fp8_linear_backward_weight(g.w13, ln2, N, C, 2 * F, fp8_slot(l, FP8_W13), add, w13_copies, f8,
                                                stream);
+                } else if (!(defer_layer0 && l == 0)) {
+                    matmul_backward(nullptr, g.w13, a.dh13, ln2, w13, N, C, 2 * F, add, stream);
                 }
-                else matmul_backward(nullptr, g.w13, a.dh13, ln2, w13, N, C, 2 * F, add, stream);
             }
             // the attention branch
             {
@@ -751,18 +767,26 @@ struct Llama3 {
                 rmsnorm_backward(a.dresidual.ptr, g.attn_norm, a.rmsnorm_scratch.ptr, recompute >= 1 ? ln1 : nullptr,
                                  dnorm, x, w.attn_norm, rstd1, N, C, add, stream,
                                  grad_amax(l - 1, FP8_W2));
+                if (!(defer_layer0 && l == 0)) {
+                    if (fp8) {
+                        fp8_linear_backward_weight(g.wqkv, ln1, N, C, QKV, fp8_slot(l, FP8_QKV), add, bc, f8, stream);
+                    }
+                    else matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, wqkv, N, C, QKV, add, stream);
+                }
+            }
+            if (defer_layer0 && l == 0) {  // d(residual) is final: the embedding first (see defer_layer0)
+                embedding_backward();
+                ProfileScope region(prof, "bwd layer 0 weight products after the embedding");
+                if (!fp8) matmul_backward(nullptr, g.w13, a.dh13, ln2, w13, N, C, 2 * F, add, stream);
                 if (fp8) fp8_linear_backward_weight(g.wqkv, ln1, N, C, QKV, fp8_slot(l, FP8_QKV), add, bc, f8, stream);
                 else matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, wqkv, N, C, QKV, add, stream);
             }
             weights.prefetch(l - 2, stream);  // this layer's slot is read no more
             if (reduce) grads.layer_done(l, accumulate, stream);
         }
-        ProfileScope region(prof, "bwd embedding");
-        embedding_plan.build(host_inputs.data(), N, stream);
-        grads.begin_embedding(stream);
-        encoder_backward(hg.tok_embedding, a.dresidual.ptr, embedding_plan, C, stream);
+        if (!defer_layer0) embedding_backward();
         overwrite_grads = false;
-        if (reduce) grads.head_done(accumulate, stream);
+        if (reduce) grads.wait_all(stream);
     }
 
     // The gradients restart at zero. Outside ZeRO stages 2 and 3 (which clear their gradient slots) that takes no pass

@@ -26,9 +26,10 @@
 //      untied lm_head into the embedding's place once the forward has read it (Weights).
 // Gradients are reduced as soon as the backward has produced them, on a second stream while the backward goes on:
 // an untied lm_head's right after the classifier, each layer's slices (one NCCL group) while the layers below
-// compute; the other head tensors (embedding, final norm) form the last group, which the step waits for. The weights'
-// gathers go on that same stream: NCCL operations of one communicator must be queued in the same order on every
-// rank, which one stream and the same program give.
+// compute, the other head tensors (embedding, final norm) as one group once the embedding's is written, before layer
+// 0's last products and its reduction; the step waits for them all. The weights' gathers go on that same stream:
+// NCCL operations of one communicator must be queued in the same order on every rank, which one stream and the same
+// program give (NCCL also runs them one after another, whatever their streams).
 //
 // Determinism: the same ranks, flags and seed give bit-identical results (NCCL's reduction order is fixed for a
 // given communicator; every sum here has one fixed order). Stage 1 updates each element exactly as stage 0 does:
@@ -327,10 +328,11 @@ inline void all_gather_slices(const ShardLayout& s, const std::vector<int>& indi
 // `summed`, this rank's shard of the summed gradients.
 //
 // The backward calls classifier_done() first, begin_layer(l) before it writes layer l's gradients, layer_done(l)
-// after, begin_embedding() before the embedding's, and head_done() once the head tensors' are complete. The
-// reductions run on comm_stream after what the main stream has queued so far, so each overlaps the backward of the
-// layers below; the main stream waits for the head's, the last, so the step's gradients are complete after
-// head_done (with overlap off, -Q 0, it waits for each).
+// after, begin_embedding() before the embedding's, head_done() once the head tensors' are complete, and wait_all()
+// last. The reductions run on comm_stream after what the main stream has queued so far, so each overlaps the
+// backward that follows it; the main stream waits for them all in wait_all, so the step's gradients are complete
+// after it (with overlap off, -Q 0, it waits for each as it is queued). On several GPUs the backward queues the
+// head's reduction before layer 0's, whose last weight-gradient products then compute beside it (Llama3::backward).
 struct Gradients {
     int stage = 0;         // ZeRO stage (-Z); 0 on one GPU
     bool overlap = true;   // -Q; with 0 the main stream waits for each reduction as soon as it is queued
@@ -418,10 +420,13 @@ struct Gradients {
                                   stream));
     }
 
-    // The head tensors' gradients, the step's last, are complete: sums them, and `stream` waits for every reduction.
-    // Stages 2 and 3 then clear the head tensors for the next micro-batch's classifier.
-    void head_done(bool accumulate, cudaStream_t stream) {
-        reduce(last_slices, head(), accumulate, nullptr, stream);
+    // The head tensors' gradients (the embedding's, the final norm's) are complete: sums them. `accumulate` as for
+    // layer_done.
+    void head_done(bool accumulate, cudaStream_t stream) { reduce(last_slices, head(), accumulate, nullptr, stream); }
+
+    // Every reduction of the micro-batch is queued: `stream` waits for them all, so the step's gradients are complete
+    // after it. Stages 2 and 3 then clear the head tensors for the next micro-batch's classifier.
+    void wait_all(cudaStream_t stream) {
         cudaCheck(cudaStreamWaitEvent(stream, reduced));
         if (in_slots()) {
             cudaCheck(cudaMemsetAsync(buffer.ptr + slots.head_offset(), 0, slots.head_size * sizeof(floatX), stream));
