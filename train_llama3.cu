@@ -1519,10 +1519,10 @@ int main(int argc, char** argv) {
            opt.B, opt.T, mg.world, grad_accum, total_batch, start_step + 1, max_steps,
            (long long)train_loader.total_tokens);
     if (mg.world > 1) {
-        printf("multi-GPU: ZeRO stage %d | optimizer state per GPU: %zu of %zu elements | gradient reduction %s\n",
-               model.grads.stage, model.optimizer.count, model.num_params,
+        printf("multi-GPU: ZeRO stage %d | optimizer state per GPU: %zu of %zu elements | gradient reduction %s | "
+               "%s\n", model.grads.stage, model.optimizer.count, model.num_params,
                model.grads.overlap ? "overlapped with the backward (gathers: with the update and the passes)"
-                                   : "not overlapped (-Q 0)");
+                                   : "not overlapped (-Q 0)", nccl_version().c_str());
         if (model.weights.stage == 3) {
             printf("ZeRO-3: weights per GPU %zu elements, gathered %zu (two layers, the vocabulary table, the final "
                    "norm)\n", model.weights.params.count, model.weights.gathered.count);

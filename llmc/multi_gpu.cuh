@@ -45,6 +45,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -152,6 +153,19 @@ inline void multi_gpu_broadcast(void* data, size_t bytes) {
 #else
     (void)data;
     (void)bytes;
+#endif
+}
+
+// The NCCL library loaded at run time, as "NCCL 2.28.9" (its knobs, such as NCCL_CTA_POLICY, depend on it), or "" when
+// built without it.
+inline std::string nccl_version() {
+#if defined(USE_MPI)
+    int code = 0;
+    if (ncclGetVersion(&code) != ncclSuccess) return "NCCL (version unknown)";
+    return "NCCL " + std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." +
+           std::to_string(code % 100);
+#else
+    return "";
 #endif
 }
 
