@@ -632,7 +632,8 @@ struct Llama3 {
     // defer_layer0), and the step waits for them all (see Gradients).
     // `accumulate`: stages 2 and 3 add into the gradient shard instead of overwriting it (micro-batches after the
     // first).
-    void backward(int b, int t, bool reduce = false, bool accumulate = false) {
+    // forward_follows: another micro-batch's forward comes before the update (ZeRO-3 gathers its embedding early).
+    void backward(int b, int t, bool reduce = false, bool accumulate = false, bool forward_follows = false) {
         const Llama3Config& c = config;
         int N = b * t, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, hd = c.head_dim(), QKV = c.qkv_dim();
         int F = c.ffn_hidden, L = c.n_layers;
@@ -677,6 +678,8 @@ struct Llama3 {
                              a.residual.ptr + L * NC, weights.final_norm(stream), a.rstdf.ptr, N, C, add, stream,
                              grad_amax(L - 1, FP8_W2));
         }
+        // ZeRO-3: the next micro-batch's embedding, hidden behind this backward (which reads neither table nor norm)
+        if (forward_follows) weights.prefetch_embedding(stream);
         for (int l = L - 1; l >= 0; l--) {
             grads.begin_layer(l, stream);
             ParamTensors<floatX> g = grads.layer(l);
@@ -1592,7 +1595,7 @@ int main(int argc, char** argv) {
             // several GPUs: stages 0 and 1 sum the gradients once they are complete (the last micro-batch),
             // stages 2 and 3 every micro-batch into the gradient shard
             bool reduce = mg.world > 1 && (model.grads.in_slots() || micro == grad_accum - 1);
-            model.backward(opt.B, opt.T, reduce, model.grads.in_slots() && micro > 0);
+            model.backward(opt.B, opt.T, reduce, model.grads.in_slots() && micro > 0, micro < grad_accum - 1);
             model.stage_losses(micro, opt.B * opt.T);
         }
         bool all_masked = step_targets == 0;

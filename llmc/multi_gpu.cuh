@@ -552,6 +552,9 @@ struct Weights {
         if (l >= 0 && l < config.n_layers) prefetch_group(l + 1, stream);
     }
     void prefetch_lm_head(cudaStream_t stream) { prefetch_group(lm_head_group(), stream); }
+    // Stage 3 with an untied lm_head: the embedding back in the table's place, for a forward on the same weights (the
+    // next micro-batch's), once the passes have read the lm_head and the final norm. A tied table holds it already.
+    void prefetch_embedding(cudaStream_t stream) { prefetch_group(0, stream); }
 
     // `params` was written on `stream` (a model loaded, or the update from its group 0 on): stage 3 forgets what the
     // slots held and gathers the head.
