@@ -255,7 +255,6 @@ struct Llama3 {
     // ranks) and grads.summed its part of the summed gradients. Stages 2 and 3: also grads.buffer is only scratch.
     Gradients grads;
     Optimizer optimizer;
-    DeviceBuffer<double> reduce_scratch;
     int recompute = 0;                 // activation recomputation level: 0 none, 1 norms + swiglu, 2 also w13
     bool fp8_mode = false;             // -M fp8: the layers' products in FP8, with their scratch
     Fp8LinearScales fp8_scales;
@@ -283,7 +282,6 @@ struct Llama3 {
     void allocate_params() {
         num_params = param_layout(config).total;
         grads.setup(config);
-        reduce_scratch = DeviceBuffer<double>(1);
         weights.allocate(config, grads.shards, grads.comm_stream);
         grads.allocate();
         optimizer.allocate(grads.sharded() ? grads.shards.shard_size : num_params);
@@ -630,11 +628,12 @@ struct Llama3 {
     // Backward of the last forward and classifier(..., dloss != 0); gradients accumulate into grads (the first
     // backward after zero_grad writes them). With `reduce` (several GPUs: the last micro-batch of a step, or every
     // one with stages 2 and 3) each layer's gradients are summed over the ranks as soon as the layer is done,
-    // overlapping the layers below; the head tensors go last and are waited for (stages 2 and 3: an untied lm_head's
-    // first, see Gradients).
+    // overlapping the layers below; an untied lm_head's goes first, the other head tensors' before layer 0's (see
+    // defer_layer0), and the step waits for them all (see Gradients).
     // `accumulate`: stages 2 and 3 add into the gradient shard instead of overwriting it (micro-batches after the
     // first).
-    void backward(int b, int t, bool reduce = false, bool accumulate = false) {
+    // forward_follows: another micro-batch's forward comes before the update (ZeRO-3 gathers its embedding early).
+    void backward(int b, int t, bool reduce = false, bool accumulate = false, bool forward_follows = false) {
         const Llama3Config& c = config;
         int N = b * t, C = c.dim, H = c.n_heads, KV = c.n_kv_heads, hd = c.head_dim(), QKV = c.qkv_dim();
         int F = c.ffn_hidden, L = c.n_layers;
@@ -651,7 +650,22 @@ struct Llama3 {
         auto grad_amax = [&](int l, Fp8Product product) {
             return fp8 && l >= 0 ? f8.grad_amax(fp8_slot(l, product)) : nullptr;
         };
-        if (reduce) grads.classifier_done(accumulate, stream);  // stages 2 and 3: an untied lm_head's, complete now
+        if (reduce) grads.classifier_done(accumulate, stream);  // an untied lm_head's, complete now
+        // The embedding's gradient (d(residual) at layer 0's input added into its rows), then the reduction of the
+        // head tensors' gradients, the step's largest (a V x C table).
+        auto embedding_backward = [&]() {
+            ProfileScope region(prof, "bwd embedding");
+            embedding_plan.build(host_inputs.data(), N, stream);
+            grads.begin_embedding(stream);
+            encoder_backward(hg.tok_embedding, a.dresidual.ptr, embedding_plan, C, stream);
+            if (reduce) grads.head_done(accumulate, stream);
+        };
+        // With a reduction, layer 0's last weight-gradient products (w13's, except in FP8, and wqkv's) wait until the
+        // embedding's gradient is written and the head's reduction is queued, so that they compute while it runs and
+        // only layer 0's smaller reduction is left after the backward. The same products of the same inputs, which
+        // nothing in between writes: the same bits. (FP8's w13 product needs the output-gradient scale that the wo and
+        // qkv products after it overwrite, so it stays in place.) One GPU keeps the plain order.
+        const bool defer_layer0 = reduce && L > 0;
         // ZeRO-3: the last two layers' gathers (the forward's slots still hold them); after each layer its slot
         // gathers the layer two below
         weights.prefetch(L - 1, stream);
@@ -664,6 +678,8 @@ struct Llama3 {
                              a.residual.ptr + L * NC, weights.final_norm(stream), a.rstdf.ptr, N, C, add, stream,
                              grad_amax(L - 1, FP8_W2));
         }
+        // ZeRO-3: the next micro-batch's embedding, hidden behind this backward (which reads neither table nor norm)
+        if (forward_follows) weights.prefetch_embedding(stream);
         for (int l = L - 1; l >= 0; l--) {
             grads.begin_layer(l, stream);
             ParamTensors<floatX> g = grads.layer(l);
@@ -726,8 +742,9 @@ struct Llama3 {
                 if (fp8) {
                     fp8_linear_backward_weight(g.w13, ln2, N, C, 2 * F, fp8_slot(l, FP8_W13), add, w13_copies, f8,
                                                stream);
+                } else if (!(defer_layer0 && l == 0)) {
+                    matmul_backward(nullptr, g.w13, a.dh13, ln2, w13, N, C, 2 * F, add, stream);
                 }
-                else matmul_backward(nullptr, g.w13, a.dh13, ln2, w13, N, C, 2 * F, add, stream);
             }
             // the attention branch
             {
@@ -753,18 +770,26 @@ struct Llama3 {
                 rmsnorm_backward(a.dresidual.ptr, g.attn_norm, a.rmsnorm_scratch.ptr, recompute >= 1 ? ln1 : nullptr,
                                  dnorm, x, w.attn_norm, rstd1, N, C, add, stream,
                                  grad_amax(l - 1, FP8_W2));
+                if (!(defer_layer0 && l == 0)) {
+                    if (fp8) {
+                        fp8_linear_backward_weight(g.wqkv, ln1, N, C, QKV, fp8_slot(l, FP8_QKV), add, bc, f8, stream);
+                    }
+                    else matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, wqkv, N, C, QKV, add, stream);
+                }
+            }
+            if (defer_layer0 && l == 0) {  // d(residual) is final: the embedding first (see defer_layer0)
+                embedding_backward();
+                ProfileScope region(prof, "bwd layer 0 weight products after the embedding");
+                if (!fp8) matmul_backward(nullptr, g.w13, a.dh13, ln2, w13, N, C, 2 * F, add, stream);
                 if (fp8) fp8_linear_backward_weight(g.wqkv, ln1, N, C, QKV, fp8_slot(l, FP8_QKV), add, bc, f8, stream);
                 else matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, wqkv, N, C, QKV, add, stream);
             }
             weights.prefetch(l - 2, stream);  // this layer's slot is read no more
             if (reduce) grads.layer_done(l, accumulate, stream);
         }
-        ProfileScope region(prof, "bwd embedding");
-        embedding_plan.build(host_inputs.data(), N, stream);
-        grads.begin_embedding(stream);
-        encoder_backward(hg.tok_embedding, a.dresidual.ptr, embedding_plan, C, stream);
+        if (!defer_layer0) embedding_backward();
         overwrite_grads = false;
-        if (reduce) grads.head_done(accumulate, stream);
+        if (reduce) grads.wait_all(stream);
     }
 
     // The gradients restart at zero. Outside ZeRO stages 2 and 3 (which clear their gradient slots) that takes no pass
@@ -891,7 +916,7 @@ static void save_training_state(const std::string& dir, Llama3& model, int step,
     int rank = g_multi_gpu.rank;
     if (rank != 0) write_state_file(state_path(dir, step, rank), model, step, loader, sampler_rng, run_id,
                                     tokens_per_step);
-    all_reduce_sum(1.0, model.reduce_scratch.ptr, model.stream);
+    all_reduce_sum(1.0);
     // rank 0 writes it; it refuses non-finite parameters before writing anything
     model.save(step_path(dir, "model", step).c_str());
     if (rank == 0) {
@@ -1498,10 +1523,10 @@ int main(int argc, char** argv) {
            opt.B, opt.T, mg.world, grad_accum, total_batch, start_step + 1, max_steps,
            (long long)train_loader.total_tokens);
     if (mg.world > 1) {
-        printf("multi-GPU: ZeRO stage %d | optimizer state per GPU: %zu of %zu elements | gradient reduction %s\n",
-               model.grads.stage, model.optimizer.count, model.num_params,
+        printf("multi-GPU: ZeRO stage %d | optimizer state per GPU: %zu of %zu elements | gradient reduction %s | "
+               "%s\n", model.grads.stage, model.optimizer.count, model.num_params,
                model.grads.overlap ? "overlapped with the backward (gathers: with the update and the passes)"
-                                   : "not overlapped (-Q 0)");
+                                   : "not overlapped (-Q 0)", nccl_version().c_str());
         if (model.weights.stage == 3) {
             printf("ZeRO-3: weights per GPU %zu elements, gathered %zu (two layers, the vocabulary table, the final "
                    "norm)\n", model.weights.params.count, model.weights.gathered.count);
@@ -1535,8 +1560,8 @@ int main(int argc, char** argv) {
             batches++;
         }
         // over every rank's batches (the loader gives each its part of every sample)
-        sum = all_reduce_sum(sum, model.reduce_scratch.ptr, model.stream);
-        counted = (int64_t)all_reduce_sum((double)counted, model.reduce_scratch.ptr, model.stream);
+        sum = all_reduce_sum(sum);
+        counted = (int64_t)all_reduce_sum((double)counted);
         float val_loss = counted > 0 ? (float)(sum / counted) : NAN;
         printf("step %d | val loss %.6f (%d batches)\n", step, val_loss, batches);
         flush_stdout_check();
@@ -1561,8 +1586,9 @@ int main(int argc, char** argv) {
             micro_targets[micro] = train_loader.targets;
             step_targets += count_targets(train_loader.targets.data(), train_loader.targets.size());
         }
-        // counts below 2^53 add exactly in double: every rank gets the same total
-        step_targets = (int64_t)all_reduce_sum((double)step_targets, model.reduce_scratch.ptr, model.stream);
+        // counts below 2^53 add exactly in double: every rank gets the same total. A host sum (MPI): it does not
+        // wait for the weight gathers that the last update queued, which the forward waits for layer by layer
+        step_targets = (int64_t)all_reduce_sum((double)step_targets);
         double loss_sum = 0.0;
         for (int micro = 0; micro < grad_accum && step_targets > 0; micro++) {
             model.forward(micro_inputs[micro].data(), micro_targets[micro].data(), opt.B, opt.T);
@@ -1570,7 +1596,7 @@ int main(int argc, char** argv) {
             // several GPUs: stages 0 and 1 sum the gradients once they are complete (the last micro-batch),
             // stages 2 and 3 every micro-batch into the gradient shard
             bool reduce = mg.world > 1 && (model.grads.in_slots() || micro == grad_accum - 1);
-            model.backward(opt.B, opt.T, reduce, model.grads.in_slots() && micro > 0);
+            model.backward(opt.B, opt.T, reduce, model.grads.in_slots() && micro > 0, micro < grad_accum - 1);
             model.stage_losses(micro, opt.B * opt.T);
         }
         bool all_masked = step_targets == 0;
@@ -1581,7 +1607,7 @@ int main(int argc, char** argv) {
             for (int micro = 0; micro < grad_accum; micro++) loss_sum += model.staged_loss_sum(micro, opt.B * opt.T);
             norm = model.read_grad_norm();
         }
-        loss_sum = all_reduce_sum(loss_sum, model.reduce_scratch.ptr, model.stream);
+        loss_sum = all_reduce_sum(loss_sum);
         float loss = all_masked ? NAN : (float)(loss_sum / step_targets);
         if (fault_requested("nan " + std::to_string(step))) loss = NAN;  // test hook (llmc/fault.h)
         // a non-finite loss or norm: no update (llmc/nonfinite.h); a step with nothing to learn is no divergence

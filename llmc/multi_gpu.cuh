@@ -2,9 +2,11 @@
 // ZeRO sharding of the optimizer state (stage 1), of the gradients (stage 2) and of the weights (stage 3).
 //
 // Processes. MPI (mpirun, or srun with MPI) starts one process per GPU and hands the NCCL id from rank 0 to the
-// others; every collective afterwards is NCCL. Each rank takes the GPU of its local rank (its index among the ranks
-// of its host). A binary started without a launcher runs as one rank and touches neither MPI nor NCCL, so the
-// single-GPU path is the plain trainer. Built with USE_MPI=0 (no MPI or NCCL at hand) only one rank exists.
+// others; every collective on GPU data afterwards is NCCL, while the few host values summed over the ranks (the
+// loss, the step's target count, the checkpoint barrier) go through MPI (all_reduce_sum). Each rank takes the GPU
+// of its local rank (its index among the ranks of its host). A binary started without a launcher runs as one rank
+// and touches neither MPI nor NCCL, so the single-GPU path is the plain trainer. Built with USE_MPI=0 (no MPI or
+// NCCL at hand) only one rank exists.
 //
 // Slices and shards (llmc/shard_layout.h): every tensor slice (a layer's part of a per-layer tensor, or a whole
 // other tensor) is split into N equal parts, and rank r owns part r of each; its shard is those parts back to back.
@@ -22,11 +24,12 @@
 //      all-gathered into one of two layer-sized buffers before the forward uses it and again before the backward
 //      does, while the layer before computes; the embedding and final norm are gathered after every update, an
 //      untied lm_head into the embedding's place once the forward has read it (Weights).
-// Gradients are reduced as soon as the backward has produced them: each layer's slices (one NCCL group) on a
-// second stream while the backward goes on with the layers below; the head tensors (embedding, final norm, lm_head)
-// form the last group, which the step waits for (stages 2 and 3 reduce an untied lm_head first). The weights'
-// gathers go on that same stream: NCCL operations of one communicator must be queued in the same order on every
-// rank, which one stream and the same program give.
+// Gradients are reduced as soon as the backward has produced them, on a second stream while the backward goes on:
+// an untied lm_head's right after the classifier, each layer's slices (one NCCL group) while the layers below
+// compute, the other head tensors (embedding, final norm) as one group once the embedding's is written, before layer
+// 0's last products and its reduction; the step waits for them all. The weights' gathers go on that same stream:
+// NCCL operations of one communicator must be queued in the same order on every rank, which one stream and the same
+// program give (NCCL also runs them one after another, whatever their streams).
 //
 // Determinism: the same ranks, flags and seed give bit-identical results (NCCL's reduction order is fixed for a
 // given communicator; every sum here has one fixed order). Stage 1 updates each element exactly as stage 0 does:
@@ -42,6 +45,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -152,6 +156,19 @@ inline void multi_gpu_broadcast(void* data, size_t bytes) {
 #endif
 }
 
+// The NCCL library loaded at run time, as "NCCL 2.28.9" (its knobs, such as NCCL_CTA_POLICY, depend on it), or "" when
+// built without it.
+inline std::string nccl_version() {
+#if defined(USE_MPI)
+    int code = 0;
+    if (ncclGetVersion(&code) != ncclSuccess) return "NCCL (version unknown)";
+    return "NCCL " + std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." +
+           std::to_string(code % 100);
+#else
+    return "";
+#endif
+}
+
 inline void multi_gpu_finish() {
 #if defined(USE_MPI)
     MultiGpu& mg = g_multi_gpu;
@@ -202,20 +219,28 @@ inline void event_sync(cudaEvent_t event) {
     cudaCheck(cudaEventSynchronize(event));
 }
 
-// The sum over ranks of a host value, the same on every rank (fixed order). `scratch`: one device double.
-inline double all_reduce_sum(double value, double* scratch, cudaStream_t stream) {
+// The sum over ranks of a host value, the same on every rank: MPI brings every rank's value to every rank, and each
+// adds them in rank order (with 2 ranks a + b, as an NCCL sum gives). Host only, on purpose: NCCL runs the operations
+// of one communicator one after another whatever their streams (each launch waits for the communicator's previous
+// one), so a sum through NCCL would wait for every collective queued before it, e.g. the weight gathers that the
+// update queued, which the next forward waits for layer by layer instead. Gives up after the collective timeout (-T),
+// as stream_sync does, so a rank that stops answering stops the job here too.
+inline double all_reduce_sum(double value) {
 #if defined(USE_MPI)
     MultiGpu& mg = g_multi_gpu;
     if (mg.world > 1) {
-        cudaCheck(cudaMemcpyAsync(scratch, &value, sizeof(double), cudaMemcpyHostToDevice, stream));
-        ncclCheck(ncclAllReduce(scratch, scratch, 1, ncclFloat64, ncclSum, mg.comm, stream));
-        stream_sync(stream);  // a copy to pageable memory blocks until the stream is done: wait with the timeout first
-        cudaCheck(cudaMemcpyAsync(&value, scratch, sizeof(double), cudaMemcpyDeviceToHost, stream));
-        stream_sync(stream);
+        std::vector<double> values(mg.world);
+        MPI_Request request;
+        MPI_Iallgather(&value, 1, MPI_DOUBLE, values.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD, &request);
+        wait_for_collectives([&] {
+            int done = 0;
+            MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+            return done ? cudaSuccess : cudaErrorNotReady;
+        });
+        MPI_Wait(&request, MPI_STATUS_IGNORE);  // without a communicator the loop above returns at once
+        value = values[0];
+        for (int r = 1; r < mg.world; r++) value += values[r];
     }
-#else
-    (void)scratch;
-    (void)stream;
 #endif
     return value;
 }
@@ -312,15 +337,16 @@ inline void all_gather_slices(const ShardLayout& s, const std::vector<int>& indi
 // see the top of this file). Stages 0 and 1: `buffer` is the whole gradient in flat parameter order. Stages 2 and 3:
 // `buffer` is only scratch (SlotLayout): two layer-sized slots that alternate (layer l in slot l % 2), a slot cleared
 // before each use once the reduction of the layer it held before is done; then the vocabulary table and the final
-// norm. An untied lm_head's gradient, complete when the classifier is, is reduced at the backward's start, and the
-// embedding's, written at its end, takes its place. Stages 1 to 3 sum into `summed`, this rank's shard of the summed
-// gradients.
+// norm. An untied lm_head's gradient, complete when the classifier is, is reduced at the backward's start (in every
+// stage), and in stages 2 and 3 the embedding's, written at its end, takes its place. Stages 1 to 3 sum into
+// `summed`, this rank's shard of the summed gradients.
 //
 // The backward calls classifier_done() first, begin_layer(l) before it writes layer l's gradients, layer_done(l)
-// after, begin_embedding() before the embedding's, and head_done() once the head tensors' are complete. The
-// reductions run on comm_stream after what the main stream has queued so far, so each overlaps the backward of the
-// layers below; the main stream waits for the head's, the last, so the step's gradients are complete after
-// head_done (with overlap off, -Q 0, it waits for each).
+// after, begin_embedding() before the embedding's, head_done() once the head tensors' are complete, and wait_all()
+// last. The reductions run on comm_stream after what the main stream has queued so far, so each overlaps the
+// backward that follows it; the main stream waits for them all in wait_all, so the step's gradients are complete
+// after it (with overlap off, -Q 0, it waits for each as it is queued). On several GPUs the backward queues the
+// head's reduction before layer 0's, whose last weight-gradient products then compute beside it (Llama3::backward).
 struct Gradients {
     int stage = 0;         // ZeRO stage (-Z); 0 on one GPU
     bool overlap = true;   // -Q; with 0 the main stream waits for each reduction as soon as it is queued
@@ -329,7 +355,7 @@ struct Gradients {
     SlotLayout slots;  // of `buffer` in stages 2 and 3
     cudaStream_t comm_stream = 0;  // the collectives: these reductions and the weights' gathers (Weights)
     cudaEvent_t queued = nullptr, reduced = nullptr, slot_free[2] = {nullptr, nullptr}, table_free = nullptr;
-    // The head tensors' slices, reduced last; stages 2 and 3 with an untied lm_head reduce its slice first.
+    // The head tensors' slices, reduced last, and an untied lm_head's, reduced first (classifier_done).
     std::vector<int> last_slices, lm_head_slices;
 
     bool sharded() const { return stage >= 1; }
@@ -351,7 +377,7 @@ struct Gradients {
             make_shard_layout(c, 1, 0, &shards, &why);  // stage 0 reduces whole slices: any size works
         }
         for (int i : shards.head_slices) {
-            bool first = in_slots() && shards.slices[i].tensor == LM_HEAD;
+            bool first = shards.slices[i].tensor == LM_HEAD;
             (first ? lm_head_slices : last_slices).push_back(i);
         }
         if (mg.world > 1) {
@@ -379,8 +405,8 @@ struct Gradients {
         return in_slots() ? slot_tensors(buffer.ptr, slots, l) : layer_tensors(buffer.ptr, config, l);
     }
 
-    // The classifier's gradient is complete: stages 2 and 3 reduce an untied lm_head's now, so that the embedding's
-    // can take its place (begin_embedding). `accumulate` as for layer_done.
+    // The classifier's gradient is complete: an untied lm_head's is reduced now, while the layers' backward runs
+    // (stages 2 and 3 then let the embedding's take its place, begin_embedding). `accumulate` as for layer_done.
     void classifier_done(bool accumulate, cudaStream_t stream) {
         if (!lm_head_slices.empty()) reduce(lm_head_slices, head(), accumulate, table_free, stream);
     }
@@ -402,16 +428,19 @@ struct Gradients {
     // Before the backward adds the embedding's gradient: stages 2 and 3 clear the table once an untied lm_head's
     // gradient there is reduced.
     void begin_embedding(cudaStream_t stream) {
-        if (lm_head_slices.empty()) return;
+        if (!in_slots() || lm_head_slices.empty()) return;
         cudaCheck(cudaStreamWaitEvent(stream, table_free));
         cudaCheck(cudaMemsetAsync(head().tok_embedding, 0, param_layout(config).sizes[TOK_EMBEDDING] * sizeof(floatX),
                                   stream));
     }
 
-    // The head tensors' gradients, the step's last, are complete: sums them, and `stream` waits for every reduction.
-    // Stages 2 and 3 then clear the head tensors for the next micro-batch's classifier.
-    void head_done(bool accumulate, cudaStream_t stream) {
-        reduce(last_slices, head(), accumulate, nullptr, stream);
+    // The head tensors' gradients (the embedding's, the final norm's) are complete: sums them. `accumulate` as for
+    // layer_done.
+    void head_done(bool accumulate, cudaStream_t stream) { reduce(last_slices, head(), accumulate, nullptr, stream); }
+
+    // Every reduction of the micro-batch is queued: `stream` waits for them all, so the step's gradients are complete
+    // after it. Stages 2 and 3 then clear the head tensors for the next micro-batch's classifier.
+    void wait_all(cudaStream_t stream) {
         cudaCheck(cudaStreamWaitEvent(stream, reduced));
         if (in_slots()) {
             cudaCheck(cudaMemsetAsync(buffer.ptr + slots.head_offset(), 0, slots.head_size * sizeof(floatX), stream));
@@ -523,6 +552,9 @@ struct Weights {
         if (l >= 0 && l < config.n_layers) prefetch_group(l + 1, stream);
     }
     void prefetch_lm_head(cudaStream_t stream) { prefetch_group(lm_head_group(), stream); }
+    // Stage 3 with an untied lm_head: the embedding back in the table's place, for a forward on the same weights (the
+    // next micro-batch's), once the passes have read the lm_head and the final norm. A tied table holds it already.
+    void prefetch_embedding(cudaStream_t stream) { prefetch_group(0, stream); }
 
     // `params` was written on `stream` (a model loaded, or the update from its group 0 on): stage 3 forgets what the
     // slots held and gathers the head.

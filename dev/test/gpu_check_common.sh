@@ -1,4 +1,4 @@
-# What the GPU check scripts (reshard_check.sh, zero3_check.sh) share; sourced from the repo root with OUT set.
+# What the GPU check scripts (reshard, zero3, overlap_check.sh) share; sourced from the repo root with OUT set.
 # The environment these machines need, `stage` (a command's PASS or FAIL, its output in $OUT) and random tokens.
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$OUT"

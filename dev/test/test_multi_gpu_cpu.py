@@ -4,7 +4,9 @@ The multi-GPU code's CPU side:
     every pair of layouts, real state files read back in every layout, and the refusals; the layer slots of ZeRO-2's
     gradients and ZeRO-3's gathered weights, and ZeRO-3's shards gathered into them on the host;
   - scripts/bench_multi_gpu.py: its arguments, the runs and commands it plans (GPU counts, ZeRO stages, the socket
-    transport, the 8B line) and its summary, from made-up results.
+    transport, the 8B line) and its summary, from made-up results;
+  - dev/test/overlap_trace.py (dev/test/overlap_check.sh's trace part): the per-step compute, NCCL, NCCL-alone and
+    idle times, from a made-up nsys sqlite file.
 """
 
 import os
@@ -134,3 +136,52 @@ def test_bench_summary(monkeypatch, capsys, tmp_path):
         in out
     assert re.search(r"^8B torch FSDP2 4 GPUs +failed", out, re.M)
     assert "llama3.1-8B T=8192 on 4 GPUs, tok/s per GPU: ours bf16 4096, fp8 5461" in out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# dev/test/overlap_trace.py (the trace part of dev/test/overlap_check.sh), on a made-up nsys sqlite file
+
+
+def fake_trace(path, kernels):
+    """An nsys-like sqlite file holding `kernels`, [(start_ms, end_ms, name)]."""
+    import sqlite3
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, streamId INTEGER, "
+               "shortName INTEGER, demangledName INTEGER)")
+    ids = {}
+    for s, e, name in kernels:
+        if name not in ids:
+            ids[name] = len(ids) + 1
+            db.execute("INSERT INTO StringIds VALUES (?, ?)", (ids[name], name))
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 7, ?, ?)",
+                   (int(s * 1e6), int(e * 1e6), ids[name], ids[name]))
+    db.commit()
+    db.close()
+
+
+def test_overlap_trace(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "dev", "test"))
+    import overlap_trace
+    kernels = []
+    for k in range(3):  # three steps of 100 ms, each ending with an update of two AdamW launches
+        t = 100.0 * k
+        kernels += [(t + 0, t + 80, "sm90_xmma_gemm_bf16"),                          # forward and backward
+                    (t + 70, t + 84, "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL"),  # 10 ms beside compute, 4 alone
+                    (t + 86, t + 87, "ncclDevKernel_AllReduce_Sum_f32_RING_LL"),       # grad norm: 1 ms alone
+                    (t + 88, t + 91, "adamw_kernel"), (t + 91, t + 94, "adamw_kernel"),
+                    (t + 90, t + 103, "ncclDevKernel_AllGather_RING_LL")]              # 4 beside AdamW, 9 after
+    fake_trace(tmp_path / "t.sqlite", kernels)
+    steps = overlap_trace.analyse(overlap_trace.read_kernels(str(tmp_path / "t.sqlite")), skip=0)
+    assert len(steps) == 2  # update 0 -> 1 and 1 -> 2
+    st = steps[1]  # from 194 to 294 ms: the last 9 ms of step 1's gather, 3 of them beside step 2's gemm
+    assert st["step"] == pytest.approx(100.0)
+    assert st["compute"] == pytest.approx(80 + 6)  # the gemm, the AdamW launches
+    assert st["nccl"] == pytest.approx(9 + 14 + 1 + 4)  # [194, 203], [270, 284], [286, 287], [290, 294]
+    assert st["alone"] == pytest.approx({"AllGather": 6, "ReduceScatter": 4, "AllReduce": 1})
+    assert st["nccl_alone"] == pytest.approx(11)
+    assert st["idle"] == pytest.approx(3)  # 284-286, 287-288
+    out = tmp_path / "report.txt"
+    with open(out, "w") as f:
+        overlap_trace.report(steps, f)
+    assert "nccl alone, AllGather: 6.00 ms per step" in out.read_text()
