@@ -8,13 +8,15 @@
 #   one           1 GPU
 #   z1            2 GPUs, -Z 1 (NCCL's init log: $OUT/nccl_z1.*.log, its channels summarised)
 #   z1_q0         2 GPUs, -Z 1 -Q 0: each collective waited for as soon as it is queued (the serial cost)
+#   trace         nsys, if installed: 2 GPUs -Z 1, 6 steps; rank 0's kernel summary (NCCL's kernels and the top ones),
+#                 the NVTX regions, and dev/test/overlap_trace.py: per step the compute, NCCL, NCCL-alone (exposed
+#                 communication, by collective) and idle times; without nsys, the same from dev/kernel_trace.so on
+#                 both ranks (10 steps)
+#   one_again, z1_again   the baseline pair again: the run-to-run spread
+# then NCCL's levers, each a -Z 1 run (the first to go when the budget runs out):
 #   z1_ch8/ch4    NCCL_MAX_NCHANNELS=8 / 4: fewer channels (CTAs, so SMs) for NCCL beside the GEMMs
 #   z1_cta16      NCCL_MIN_CTAS=16 NCCL_MAX_CTAS=16 (NCCL 2.17 on)
 #   z1_ctaeff     NCCL_CTA_POLICY=1, NCCL's efficiency policy: as few CTAs as give decent bandwidth (NCCL 2.27 on)
-#   trace         nsys, if installed: 2 GPUs -Z 1, 6 steps; rank 0's kernel summary (NCCL's kernels and the top ones),
-#                 the NVTX regions, and dev/test/overlap_trace.py: per step the compute, NCCL, NCCL-alone (exposed
-#                 communication, by collective) and idle times
-#   one_again, z1_again   the baseline pair again: the run-to-run spread
 #   z1_conn1      CUDA_DEVICE_MAX_CONNECTIONS=1: one hardware queue, kernels of all streams start in launch order
 # and prints a table: median and mean step, tok/s, scaling (the 1-GPU median over the run's), and exposed = the run's
 # median minus the 1-GPU median (mean of one and one_again); the serial cost is z1_q0's. The 2-GPU step also does half
@@ -80,8 +82,28 @@ nccl_at_least() {  # nccl_at_least 2.27: the NCCL version z1 printed is at least
     [ "$(printf '%s\n%s\n' "$1" "$v" | sort -V | head -n 1)" = "$1" ]
 }
 
+kernel_trace() {  # without nsys: dev/kernel_trace.so (CUPTI) on each rank, 2 GPUs, -Z 1, 10 steps
+    fits trace $((longest + 60)) || return 0
+    if ! make dev/kernel_trace.so > "$OUT/trace_build.log" 2>&1; then
+        echo "SKIP trace: no nsys, and dev/kernel_trace.so did not build (see $OUT/trace_build.log)"
+        return 0
+    fi
+    rm -f "$OUT"/trace_*.txt
+    # each rank's shell names its own file and preloads the tracer into the trainer alone
+    # shellcheck disable=SC2016
+    timeout "$(limit 150)" "${MPIRUN[@]}" bash -c \
+        'export TRACE_FILE=$0/trace_$OMPI_COMM_WORLD_RANK.txt LD_PRELOAD=$1; shift; exec "$@"' \
+        "$OUT" "$PWD/dev/kernel_trace.so" ./train_llama3cu "${COMMON[@]}" -x 10 -Z 1 > "$OUT/trace.log" 2>&1
+    if [ ! -s "$OUT/trace_0.txt" ]; then echo "FAIL trace (see $OUT/trace.log)"; return 0; fi
+    for rank in 0 1; do
+        echo "rank $rank (dev/kernel_trace.so):"
+        timeout "$(limit 60)" python3 dev/test/overlap_trace.py "$OUT/trace_$rank.txt" --skip 3 |
+            tee "$OUT/trace_exposed_$rank.txt"
+    done
+}
+
 trace() {  # nsys on 2 GPUs, -Z 1, 6 steps; rank 0's kernels
-    if ! command -v nsys > /dev/null; then echo "SKIP trace: no nsys"; return 0; fi
+    if ! command -v nsys > /dev/null; then kernel_trace; return 0; fi
     fits trace $((longest * 2 + 90)) || return 0
     rm -f "$OUT"/trace_*.nsys-rep "$OUT"/trace_*.sqlite
     local t0=$SECONDS profile=(nsys profile -s none --cpuctxsw=none -f true -o "$OUT/trace_%q{OMPI_COMM_WORLD_RANK}")
@@ -163,17 +185,18 @@ grep -hoE "NCCL version [^ ]+|[0-9]+ coll channels.*|via P2P/[A-Za-z/]+|NCCL_[A-
 echo "the trainer's $(grep -oE "NCCL [0-9.]+" "$OUT/z1.log" | head -n 1); torch's NCCL: $(timeout 60 python3 -c \
     'import torch; print(".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null || echo "n/a")"
 run z1_q0 2 "" -Z 1 -Q 0
+echo "== trace ($((SECONDS - START)) s gone)"
+trace
+echo "== the baseline again ($((SECONDS - START)) s gone)"
+run one_again 1 ""
+run z1_again 2 "" -Z 1
+echo "== NCCL's levers ($((SECONDS - START)) s gone)"
 run z1_ch8 2 "NCCL_MAX_NCHANNELS=8" -Z 1
 run z1_ch4 2 "NCCL_MAX_NCHANNELS=4" -Z 1
 if nccl_at_least 2.17; then run z1_cta16 2 "NCCL_MIN_CTAS=16 NCCL_MAX_CTAS=16" -Z 1
 else echo "SKIP z1_cta16: NCCL older than 2.17"; fi
 if nccl_at_least 2.27; then run z1_ctaeff 2 "NCCL_CTA_POLICY=1" -Z 1
 else echo "SKIP z1_ctaeff: NCCL older than 2.27 (no CTA policy)"; fi
-echo "== trace ($((SECONDS - START)) s gone)"
-trace
-echo "== the baseline again ($((SECONDS - START)) s gone)"
-run one_again 1 ""
-run z1_again 2 "" -Z 1
 run z1_conn1 2 "CUDA_DEVICE_MAX_CONNECTIONS=1" -Z 1
 summary
 echo "total $((SECONDS - START)) s; logs in $OUT"

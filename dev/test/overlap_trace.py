@@ -1,9 +1,11 @@
-"""Where a multi-GPU step's communication is exposed, from an nsys trace of one rank (dev/test/overlap_check.sh).
+"""Where a multi-GPU step's communication is exposed, from a kernel trace of one rank (dev/test/overlap_check.sh).
 
   python3 dev/test/overlap_trace.py out/overlap_check/trace_0.sqlite [--skip 2]
+  python3 dev/test/overlap_trace.py out/overlap_check/trace_0.txt [--skip 2]
 
-Reads the trace's kernels (the CUPTI_ACTIVITY_KIND_KERNEL table of `nsys export --type sqlite`, which `nsys stats`
-also writes), cuts the run into steps at the end of each update (the last AdamW kernel of each burst), drops the
+Reads the trace's kernels: an nsys trace's (the CUPTI_ACTIVITY_KIND_KERNEL table of `nsys export --type sqlite`,
+which `nsys stats` also writes) or dev/kernel_trace.so's text file (its "K start end stream grid name" lines, for
+machines without nsys), cuts the run into steps at the end of each update (the last AdamW kernel of each burst), drops the
 first --skip steps (warm-up: the matmuls' algorithm choice), and prints per step, in ms:
   step        update end to update end
   compute     the GPU busy with any kernel but NCCL's
@@ -66,6 +68,16 @@ def uncovered(s, e, merged, starts):
 
 def read_kernels(path):
     """[(start, end, name)] of every kernel in the trace, in ns."""
+    with open(path, "rb") as f:
+        is_sqlite = f.read(16) == b"SQLite format 3\x00"
+    if not is_sqlite:  # dev/kernel_trace.so's lines; its memcpy (C) and memset (S) lines are not kernels
+        kernels = []
+        with open(path) as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[0] == "K":
+                    kernels.append((int(parts[1]), int(parts[2]), parts[5].strip()))
+        return sorted(kernels)
     db = sqlite3.connect(path)
     names = dict(db.execute("SELECT id, value FROM StringIds"))
     columns = {row[1] for row in db.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")}
@@ -135,10 +147,10 @@ def report(steps, out=sys.stdout):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("sqlite")
+    parser.add_argument("trace", help="an nsys sqlite export or a dev/kernel_trace.so text file")
     parser.add_argument("--skip", type=int, default=2, help="steps to drop at the start (warm-up)")
     args = parser.parse_args()
-    report(analyse(read_kernels(args.sqlite), args.skip))
+    report(analyse(read_kernels(args.trace), args.skip))
 
 
 if __name__ == "__main__":

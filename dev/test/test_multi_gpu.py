@@ -103,8 +103,9 @@ def tokenizer(tmp_path_factory):
 
 
 def train_args(shards, out_dir, steps, *extra):
+    """A d12 run of `steps` steps; its warmup (5 steps) no longer than the run, which the trainer refuses."""
     return ["-c", "d12", "-i", str(shards / "tok_train.bin"), "-j", "", "-o", str(out_dir), "-b", "4", "-t", "256",
-            "-x", str(steps), "-l", "1e-4", "-u", "5", "-f", "0", "-S", "7", "-n", "0", *extra]
+            "-x", str(steps), "-l", "1e-4", "-u", str(min(5, steps)), "-f", "0", "-S", "7", "-n", "0", *extra]
 
 
 def steps_of(stdout):

@@ -139,7 +139,7 @@ def test_bench_summary(monkeypatch, capsys, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# dev/test/overlap_trace.py (the trace part of dev/test/overlap_check.sh), on a made-up nsys sqlite file
+# dev/test/overlap_trace.py (the trace part of dev/test/overlap_check.sh), on made-up nsys and kernel_trace.so files
 
 
 def fake_trace(path, kernels):
@@ -185,3 +185,9 @@ def test_overlap_trace(tmp_path):
     with open(out, "w") as f:
         overlap_trace.report(steps, f)
     assert "nccl alone, AllGather: 6.00 ms per step" in out.read_text()
+    # the same kernels as dev/kernel_trace.so writes them (with a memcpy line, which is not a kernel), out of order
+    with open(tmp_path / "t.txt", "w") as f:
+        f.write("C 5000000 5000100 7 4 2\n")
+        for s, e, name in reversed(kernels):
+            f.write(f"K {int(s * 1e6)} {int(e * 1e6)} 7 132 {name}\n")
+    assert overlap_trace.analyse(overlap_trace.read_kernels(str(tmp_path / "t.txt")), skip=0) == steps
