@@ -77,6 +77,16 @@ def build(tmp_path_factory):
     return {precision: b["train"] for precision, b in bins.items()}
 
 
+@pytest.fixture(autouse=True)
+def drop_checkpoints(tmp_path):
+    """Each test's checkpoints deleted when it ends: a d12 checkpoint with its optimizer state is about 4 GB, and
+    pytest keeps every test's directory, so a whole run of this file would fill a 128 GB disk (it did, on 2 H200s)."""
+    yield
+    for path in glob.glob(str(tmp_path / "**" / "*.bin*"), recursive=True):
+        if re.match(r"(model|state)_\d+.*\.bin", os.path.basename(path)):
+            os.remove(path)
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     """Learnable token shards: each token follows from the previous one by a fixed rule, with 10% noise."""
