@@ -628,8 +628,8 @@ struct Llama3 {
     // Backward of the last forward and classifier(..., dloss != 0); gradients accumulate into grads (the first
     // backward after zero_grad writes them). With `reduce` (several GPUs: the last micro-batch of a step, or every
     // one with stages 2 and 3) each layer's gradients are summed over the ranks once the layer below has run its
-    // first product (see there), overlapping the rest of the backward; an untied lm_head's goes first, the other head tensors' before layer 0's (see
-    // defer_layer0), and the step waits for them all (see Gradients).
+    // first product (see there), overlapping the rest of the backward; an untied lm_head's goes first, the other
+    // head tensors' before layer 0's (see defer_layer0), and the step waits for them all (see Gradients).
     // `accumulate`: stages 2 and 3 add into the gradient shard instead of overwriting it (micro-batches after the
     // first).
     // forward_follows: another micro-batch's forward comes before the update (ZeRO-3 gathers its embedding early).
