@@ -5,8 +5,8 @@
 
 Reads the trace's kernels: an nsys trace's (the CUPTI_ACTIVITY_KIND_KERNEL table of `nsys export --type sqlite`,
 which `nsys stats` also writes) or dev/kernel_trace.so's text file (its "K start end stream grid name" lines, for
-machines without nsys), cuts the run into steps at the end of each update (the last AdamW kernel of each burst), drops the
-first --skip steps (warm-up: the matmuls' algorithm choice), and prints per step, in ms:
+machines without nsys), cuts the run into steps at the end of each update (the last AdamW kernel of each burst),
+drops the first --skip steps (warm-up: the matmuls' algorithm choice), and prints per step, in ms:
   step        update end to update end
   compute     the GPU busy with any kernel but NCCL's
   nccl        NCCL's kernels (the reductions, the gathers, the grad norm's all-reduce)
