@@ -778,16 +778,20 @@ struct Llama3 {
                 if (!(defer_layer0 && l == 0)) {
                     if (fp8) {
                         fp8_linear_backward_weight(g.wqkv, ln1, N, C, QKV, fp8_slot(l, FP8_QKV), add, bc, f8, stream);
+                    } else {
+                        matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, wqkv, N, C, QKV, add, stream);
                     }
-                    else matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, wqkv, N, C, QKV, add, stream);
                 }
             }
             if (defer_layer0 && l == 0) {  // d(residual) is final: the embedding first (see defer_layer0)
                 embedding_backward();
                 ProfileScope region(prof, "bwd layer 0 weight products after the embedding");
-                if (!fp8) matmul_backward(nullptr, g.w13, a.dh13, ln2, w13, N, C, 2 * F, add, stream);
-                if (fp8) fp8_linear_backward_weight(g.wqkv, ln1, N, C, QKV, fp8_slot(l, FP8_QKV), add, bc, f8, stream);
-                else matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, wqkv, N, C, QKV, add, stream);
+                if (fp8) {
+                    fp8_linear_backward_weight(g.wqkv, ln1, N, C, QKV, fp8_slot(l, FP8_QKV), add, bc, f8, stream);
+                } else {
+                    matmul_backward(nullptr, g.w13, a.dh13, ln2, w13, N, C, 2 * F, add, stream);
+                    matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, wqkv, N, C, QKV, add, stream);
+                }
             }
             weights.prefetch(l - 2, stream);  // this layer's slot is read no more
             if (reduce && l == 0) grads.layer_done(0, accumulate, stream);  // the others: in the layer below
