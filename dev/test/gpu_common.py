@@ -60,20 +60,25 @@ def copy_sources(dst):
 
 
 def build_binaries(out_dir, precisions=("FP32", "BF16"), targets=("train", "test"), make_flags=()):
-    """{precision: {target: path}}: make's <target>_llama3cu for each precision, in out_dir/src (a copy of the
-    sources), moved to out_dir/<target>_llama3cu_<precision>."""
-    src = os.path.join(out_dir, "src")
-    os.makedirs(src, exist_ok=True)
-    for name in ("Makefile", "train_llama3.cu", "test_llama3.cu"):
-        shutil.copy(os.path.join(ROOT, name), os.path.join(src, name))
-    for folder in ("llmc", ".deps"):  # .deps: nlohmann/json where apt is out of reach (make deps)
-        if os.path.isdir(os.path.join(ROOT, folder)):
-            shutil.copytree(os.path.join(ROOT, folder), os.path.join(src, folder), dirs_exist_ok=True)
-    bins = {}
+    """{precision: {target: path}}: make's <target>_llama3cu for each precision, each precision in its own copy of the
+    sources (out_dir/src_<precision>) and all of them at once (each is one nvcc process), moved to
+    out_dir/<target>_llama3cu_<precision>."""
+    builds = {}
     for precision in precisions:
-        result = subprocess.run(["make", *[f"{t}_llama3cu" for t in targets], f"PRECISION={precision}", *make_flags],
-                                cwd=src, capture_output=True, text=True)
-        assert result.returncode == 0, result.stdout + result.stderr
+        src = os.path.join(out_dir, f"src_{precision}")
+        os.makedirs(src, exist_ok=True)
+        for name in ("Makefile", "train_llama3.cu", "test_llama3.cu"):
+            shutil.copy(os.path.join(ROOT, name), os.path.join(src, name))
+        for folder in ("llmc", ".deps"):  # .deps: nlohmann/json where apt is out of reach (make deps)
+            if os.path.isdir(os.path.join(ROOT, folder)):
+                shutil.copytree(os.path.join(ROOT, folder), os.path.join(src, folder), dirs_exist_ok=True)
+        builds[precision] = (src, subprocess.Popen(["make", *[f"{t}_llama3cu" for t in targets],
+                                                    f"PRECISION={precision}", *make_flags], cwd=src,
+                                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    bins = {}
+    for precision, (src, process) in builds.items():
+        output, _ = process.communicate()
+        assert process.returncode == 0, f"make PRECISION={precision} failed:\n{output}"
         bins[precision] = {}
         for t in targets:
             dst = os.path.join(out_dir, f"{t}_llama3cu_{precision}")

@@ -7,12 +7,12 @@ and are skipped with the reason elsewhere.
     accumulation steps (the same global batch and token order), in FP32 (to 1e-5) and BF16 (the tie-out's bf16 bounds);
   - ZeRO stages 0 to 3 give bit-identical losses, samples and model files (without clipping), and a rerun gives the
     same run;
-  - resume on N GPUs (2, 8) reproduces the uninterrupted run bit for bit, for ZeRO-1, 2 and 3 (ZeRO-3 also with
+  - resume on N GPUs (2, 4, 8) reproduces the uninterrupted run bit for bit, for ZeRO-1, 2 and 3 (ZeRO-3 also with
     -W 0 -O bf16, -R 2, accumulation and FP8);
   - resharding: a checkpoint resumed with another ZeRO stage on the same GPUs continues its run bit for bit (without
-    clipping, where the stages agree bit for bit); on another number of GPUs (2 -> 1, 1 -> 2, 8 -> 2) it continues the
-    loss to rounding; the optimizer state read in another layout is, bit for bit, what that layout's own run wrote;
-    what cannot be resumed is refused, naming the file;
+    clipping, where the stages agree bit for bit); on another number of GPUs (2 -> 1, 1 -> 2, 4 -> 2, 8 -> 2) it
+    continues the loss to rounding; the optimizer state read in another layout is, bit for bit, what that layout's own
+    run wrote; what cannot be resumed is refused, naming the file;
   - NCCL's socket transport alone (peer-to-peer and shared memory off, as between hosts) gives the same losses as
     the default transport; both runs' tok/s are printed;
   - a rank that fails (a truncated state shard) stops every rank, naming itself; a rank that stops answering
@@ -239,9 +239,8 @@ def test_zero3_eval_and_export_match_zero1(build, shards, tmp_path, options):
                                           (2, ("-Z", "3")), (2, ("-Z", "3", "-W", "0", "-O", "bf16")),
                                           (2, ("-Z", "3", "-R", "2")), (2, ("-Z", "3", "-g", "4096")),
                                           (2, ("-Z", "3", "-M", "fp8", "-K", "0")),
-                                          pytest.param(8, ("-Z", "1"), marks=needs_gpus(8)),
-                                          pytest.param(8, ("-Z", "2"), marks=needs_gpus(8)),
-                                          pytest.param(8, ("-Z", "3"), marks=needs_gpus(8))],
+                                          *[pytest.param(n, ("-Z", z), marks=needs_gpus(n))
+                                            for n in (4, 8) for z in ("1", "2", "3")]],
                          ids=lambda v: f"{v}gpus" if isinstance(v, int) else "".join(v).lstrip("-"))
 def test_resume_is_bit_identical(build, shards, tmp_path, gpus, options):
     train = build["BF16"]
@@ -312,6 +311,8 @@ def compare_continuation(full, resumed, loss_bound, norm_bound):
     pytest.param((1, ()), (2, ("-Z", "2")), True, id="1 GPU -> 2 GPUs Z2"),
     pytest.param((2, ("-Z", "3")), (1, ()), True, id="2 GPUs Z3 -> 1 GPU"),
     pytest.param((1, ()), (2, ("-Z", "3")), True, id="1 GPU -> 2 GPUs Z3"),
+    pytest.param((4, ("-Z", "1", "-b", "2")), (2, ("-Z", "2", "-b", "4")), False, id="4 GPUs Z1 -> 2 GPUs Z2",
+                 marks=needs_gpus(4)),
     pytest.param((8, ("-Z", "1", "-b", "1")), (2, ("-Z", "2", "-b", "4")), False, id="8 GPUs Z1 -> 2 GPUs Z2",
                  marks=needs_gpus(8)),
 ])
