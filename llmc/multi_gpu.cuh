@@ -54,6 +54,8 @@
 #include "shard_layout.h"
 
 #if defined(USE_MPI)
+#include <cuda.h>          // the virtual memory API's types (CommBuffer)
+#include <cudaTypedefs.h>  // and its function types
 #include <mpi.h>
 #include <nccl.h>
 
@@ -173,9 +175,193 @@ inline void multi_gpu_finish() {
 #if defined(USE_MPI)
     MultiGpu& mg = g_multi_gpu;
     if (mg.comm != nullptr) ncclCheck(ncclCommDestroy(mg.comm));
+    mg.comm = nullptr;  // its buffer registrations went with it (CommBuffer)
     if (mg.mpi) MPI_Finalize();
 #endif
 }
+
+// ----------------------------------------------------------------------------------------------------------------
+// Device memory that the collectives read and write in place: the gradients, their summed shards and the weights
+
+// On several GPUs this memory is registered with the communicator (ncclCommRegister). NCCL's ring collectives between
+// the GPUs of a host then read and write it directly over NVLink (its IPC registration) instead of staging every
+// chunk through NCCL's own buffers: fewer copies, and less of the SM and memory time that the kernels running beside
+// the collectives lose to them. NCCL registers only memory of CUDA's virtual memory API, so the buffer comes from
+// cuMemCreate (exportable as a POSIX file descriptor, which NCCL hands to the peer) at the driver's granularity,
+// 2 MiB; ncclMemAlloc would round each buffer up to the multicast granularity, hundreds of MiB on GPUs that have
+// multicast. NCCL_LOCAL_REGISTER=0 has NCCL leave the registration unused (to compare). Where the virtual memory API
+// or the registration fails, the buffer is plain cudaMalloc memory and a note says why. On one GPU: cudaMalloc.
+#if defined(USE_MPI)
+// The virtual memory API's driver functions, fetched from the runtime once (no -lcuda, as tensor_map.cuh does).
+struct VirtualMemoryApi {
+    PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
+    PFN_cuMemCreate_v10020 create = nullptr;
+    PFN_cuMemRelease_v10020 release = nullptr;
+    PFN_cuMemAddressReserve_v10020 reserve = nullptr;
+    PFN_cuMemAddressFree_v10020 address_free = nullptr;
+    PFN_cuMemMap_v10020 map = nullptr;
+    PFN_cuMemUnmap_v10020 unmap = nullptr;
+    PFN_cuMemSetAccess_v10020 set_access = nullptr;
+    bool usable() const {
+        return granularity && create && release && reserve && address_free && map && unmap && set_access;
+    }
+};
+
+inline const VirtualMemoryApi& virtual_memory_api() {
+    static VirtualMemoryApi api = [] {
+        auto fetch = [](const char* name) -> void* {
+            void* fn = nullptr;
+            cudaDriverEntryPointQueryResult found;
+            if (cudaGetDriverEntryPointByVersion(name, &fn, 10020, cudaEnableDefault, &found) != cudaSuccess ||
+                found != cudaDriverEntryPointSuccess) {
+                return nullptr;
+            }
+            return fn;
+        };
+        VirtualMemoryApi a;
+        a.granularity = reinterpret_cast<PFN_cuMemGetAllocationGranularity_v10020>(
+            fetch("cuMemGetAllocationGranularity"));
+        a.create = reinterpret_cast<PFN_cuMemCreate_v10020>(fetch("cuMemCreate"));
+        a.release = reinterpret_cast<PFN_cuMemRelease_v10020>(fetch("cuMemRelease"));
+        a.reserve = reinterpret_cast<PFN_cuMemAddressReserve_v10020>(fetch("cuMemAddressReserve"));
+        a.address_free = reinterpret_cast<PFN_cuMemAddressFree_v10020>(fetch("cuMemAddressFree"));
+        a.map = reinterpret_cast<PFN_cuMemMap_v10020>(fetch("cuMemMap"));
+        a.unmap = reinterpret_cast<PFN_cuMemUnmap_v10020>(fetch("cuMemUnmap"));
+        a.set_access = reinterpret_cast<PFN_cuMemSetAccess_v10020>(fetch("cuMemSetAccess"));
+        return a;
+    }();
+    return api;
+}
+#endif
+
+template <typename T>
+struct CommBuffer {
+    T* ptr = nullptr;
+    size_t count = 0;
+    CommBuffer() = default;
+    explicit CommBuffer(size_t n) : count(n) {
+#if defined(USE_MPI)
+        if (g_multi_gpu.comm != nullptr && n > 0 && map_and_register()) return;
+#endif
+        cudaCheck(cudaMalloc(&ptr, bytes()));
+    }
+    CommBuffer(const CommBuffer&) = delete;
+    CommBuffer& operator=(const CommBuffer&) = delete;
+    CommBuffer(CommBuffer&& o) noexcept { take(o); }
+    CommBuffer& operator=(CommBuffer&& o) noexcept {
+        if (this != &o) {
+            free_memory();
+            take(o);
+        }
+        return *this;
+    }
+    ~CommBuffer() { free_memory(); }
+    size_t bytes() const { return count * sizeof(T); }
+
+  private:
+#if defined(USE_MPI)
+    CUmemGenericAllocationHandle memory = 0;  // 0: cudaMalloc memory
+    size_t mapped = 0;                        // bytes reserved and mapped, a multiple of the granularity
+    void* registration = nullptr;             // NCCL's handle; nullptr where it did not register
+
+    // The buffer from the virtual memory API, registered; false (nothing held) where that cannot be had.
+    bool map_and_register() {
+        const VirtualMemoryApi& vm = virtual_memory_api();
+        if (!vm.usable()) return fall_back("the driver lacks the virtual memory API");
+        int device = 0;
+        cudaCheck(cudaGetDevice(&device));
+        CUmemAllocationProp prop = {};
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = device;
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        size_t granularity = 0;
+        if (vm.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || granularity == 0)
+            return fall_back("cuMemGetAllocationGranularity failed");
+        const size_t size = (bytes() + granularity - 1) / granularity * granularity;
+        CUmemGenericAllocationHandle handle = 0;
+        if (vm.create(&handle, size, &prop, 0) != CUDA_SUCCESS) return fall_back("cuMemCreate failed");
+        CUdeviceptr address = 0;
+        if (vm.reserve(&address, size, granularity, 0, 0) != CUDA_SUCCESS) {
+            vm.release(handle);
+            return fall_back("cuMemAddressReserve failed");
+        }
+        CUmemAccessDesc access = {};
+        access.location = prop.location;
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        if (vm.map(address, size, 0, handle, 0) != CUDA_SUCCESS) {
+            vm.address_free(address, size);
+            vm.release(handle);
+            return fall_back("cuMemMap failed");
+        }
+        if (vm.set_access(address, size, &access, 1) != CUDA_SUCCESS) {
+            vm.unmap(address, size);
+            vm.address_free(address, size);
+            vm.release(handle);
+            return fall_back("cuMemSetAccess failed");
+        }
+        ptr = reinterpret_cast<T*>(address);
+        memory = handle;
+        mapped = size;
+        if (ncclCommRegister(g_multi_gpu.comm, ptr, mapped, &registration) != ncclSuccess) {
+            registration = nullptr;  // the memory serves as it is, unregistered
+            note("ncclCommRegister failed");
+        }
+        return true;
+    }
+
+    static bool fall_back(const char* why) {
+        note(why);
+        return false;
+    }
+
+    static void note(const char* why) {
+        static bool said = false;
+        if (said) return;
+        said = true;
+        fprintf(stderr, "note: [rank %d] the collectives' buffers are not registered with NCCL (%s): NCCL stages "
+                        "them through its own buffers\n", g_multi_gpu.rank, why);
+    }
+#endif
+
+    void take(CommBuffer& o) {
+        ptr = o.ptr;
+        count = o.count;
+        o.ptr = nullptr;
+        o.count = 0;
+#if defined(USE_MPI)
+        memory = o.memory;
+        mapped = o.mapped;
+        registration = o.registration;
+        o.memory = 0;
+        o.mapped = 0;
+        o.registration = nullptr;
+#endif
+    }
+
+    void free_memory() {
+        if (ptr == nullptr) return;
+#if defined(USE_MPI)
+        if (memory != 0) {
+            // a communicator destroyed first (multi_gpu_finish) took its registrations with it
+            if (registration != nullptr && g_multi_gpu.comm != nullptr) {
+                ncclCheck(ncclCommDeregister(g_multi_gpu.comm, registration));
+            }
+            const VirtualMemoryApi& vm = virtual_memory_api();
+            const CUdeviceptr address = reinterpret_cast<CUdeviceptr>(ptr);
+            vm.unmap(address, mapped);
+            vm.address_free(address, mapped);
+            vm.release(memory);
+            ptr = nullptr;
+            memory = 0;
+            registration = nullptr;
+            return;
+        }
+#endif
+        cudaFree(ptr);
+        ptr = nullptr;
+    }
+};
 
 // Polls query() (cudaStreamQuery or cudaEventQuery) until the work it asks about is done, giving up on a collective
 // that never finishes: after timeout_s it aborts the NCCL communicator and the job, naming this rank. Without a
@@ -351,7 +537,7 @@ struct Gradients {
     int stage = 0;         // ZeRO stage (-Z); 0 on one GPU
     bool overlap = true;   // -Q; with 0 the main stream waits for each reduction as soon as it is queued
     ShardLayout shards;
-    DeviceBuffer<floatX> buffer, summed;
+    CommBuffer<floatX> buffer, summed;
     SlotLayout slots;  // of `buffer` in stages 2 and 3
     cudaStream_t comm_stream = 0;  // the collectives: these reductions and the weights' gathers (Weights)
     cudaEvent_t queued = nullptr, reduced = nullptr, slot_free[2] = {nullptr, nullptr}, table_free = nullptr;
@@ -391,8 +577,8 @@ struct Gradients {
     // `buffer` (zeroed) and `summed`, after setup.
     void allocate() {
         slots = make_slot_layout(config);
-        buffer = DeviceBuffer<floatX>(in_slots() ? slots.size() : param_layout(config).total);
-        if (sharded()) summed = DeviceBuffer<floatX>(shards.shard_size);
+        buffer = CommBuffer<floatX>(in_slots() ? slots.size() : param_layout(config).total);
+        if (sharded()) summed = CommBuffer<floatX>(shards.shard_size);
         cudaCheck(cudaMemset(buffer.ptr, 0, buffer.bytes()));
     }
 
@@ -499,8 +685,8 @@ struct Gradients {
 struct Weights {
     int stage = 0;         // ZeRO stage (-Z); 0 on one GPU
     bool overlap = true;   // -Q; with 0 the main stream waits for each gather as soon as it is queued
-    DeviceBuffer<floatX> params;    // stages 0 to 2: the whole model, in flat order; stage 3: this rank's shard
-    DeviceBuffer<floatX> gathered;  // stage 3: SlotLayout
+    CommBuffer<floatX> params;    // stages 0 to 2: the whole model, in flat order; stage 3: this rank's shard
+    CommBuffer<floatX> gathered;  // stage 3: SlotLayout
 
     // `params` and `gathered` (uninitialised), and on several GPUs the gathers' events. The gathers use the shard
     // layout and the stream of the gradients' reductions (Gradients::setup).
@@ -509,14 +695,14 @@ struct Weights {
         shards = &shard_layout;
         comm_stream = comm;
         slots = make_slot_layout(c);
-        params = DeviceBuffer<floatX>(stage == 3 ? shards->shard_size : param_layout(c).total);
+        params = CommBuffer<floatX>(stage == 3 ? shards->shard_size : param_layout(c).total);
         groups.assign(c.n_layers + 2, {});
         for (int i : shards->head_slices) {
             bool own_group = stage == 3 && shards->slices[i].tensor == LM_HEAD;
             groups[own_group ? c.n_layers + 1 : 0].push_back(i);
         }
         for (int l = 0; l < c.n_layers; l++) groups[l + 1] = shards->layer_slices[l];
-        if (stage == 3) gathered = DeviceBuffer<floatX>(slots.size());
+        if (stage == 3) gathered = CommBuffer<floatX>(slots.size());
         if (stage >= 1) {
             cudaCheck(cudaEventCreateWithFlags(&queued, cudaEventDisableTiming));
             group_gathered.resize(groups.size());
