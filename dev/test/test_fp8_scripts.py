@@ -7,7 +7,8 @@ The scripts' side of the FP8 mode and of the convergence test, on the CPU:
   - the FP8 tie-out's committed fixture (dev/fixtures/fp8_*, no PyTorch needed): a case the FP8 mode takes, with
     PyTorch's FP8 errors past the bf16 bounds, which test_llama3cu -M fp8 must fail against.
   - scripts/convergence.py: presets, the commands of the variants (the same hyperparameters and data for all), the
-    criteria, and a report from fake logs (no training, no PyTorch).
+    criteria, a report from fake logs, and --seeds (the criteria on the mean gap over seeds; no training, no
+    PyTorch).
   - scripts/bench_vs_pytorch.py: the FP8 options and the FP8 table (no PyTorch).
 """
 
@@ -436,6 +437,35 @@ def test_convergence_report_from_fake_logs(tmp_path):
                                            "--variants", "ours_bf16"])
     assert result.returncode == 1, result.stdout + result.stderr
     assert "[ours_bf16] failed" in result.stdout and "ours_bf16 within 0.5% of torch_bf16: not run" in result.stdout
+
+
+def test_convergence_seeds_judged_on_the_mean_gap(tmp_path):
+    """--seeds: each seed's case in <out>/seed<N> (its own logs, plot and table), then each criterion's gap at every
+    seed and the mean, the criteria judged on the mean: seeds at -0.7% and +0.5% pass (mean -0.1%) where the first
+    alone fails, and the same seeds with a third at -1.5% fail. A seed whose run fails fails the whole."""
+    out = tmp_path / "seeds"
+    common = ["--train", "t*.bin", "--val", "v*.bin", "--steps", "20", "--val_every", "5",
+              "--variants", "ours_bf16,ours_fp8,torch_bf16", "--binary", str(tmp_path / "no_such_trainer")]
+    gaps = {1337: 0.993, 7: 1.005, 42: 0.985}
+    for seed, ratio in gaps.items():
+        fake_logs(common + ["--out", str(out / f"seed{seed}"), "--seed", str(seed)],
+                  {"ours_bf16": 4.0, "ours_fp8": 4.0 * ratio, "torch_bf16": 4.0})
+    script = [sys.executable, os.path.join(ROOT, "scripts", "convergence.py"), *common, "--out", str(out)]
+    result = run(script + ["--seeds", "1337,7"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ours_fp8 within 0.5% of ours_bf16: -0.700% FAIL" in result.stdout  # seed 1337's own table
+    assert ("ours_fp8 within 0.5% of ours_bf16: mean -0.100% over 2 seed(s) (seed 1337 -0.700%, seed 7 +0.500%) "
+            "PASS") in result.stdout, result.stdout
+    assert (out / "seed1337" / "convergence.png").exists() and (out / "seed7" / "convergence.png").exists()
+    result = run(script + ["--seeds", "1337,7,42"])
+    assert result.returncode == 1 and "mean -0.567% over 3 seed(s)" in result.stdout and "FAIL" in result.stdout
+    (out / "seed3" / "init.bin").parent.mkdir()
+    (out / "seed3" / "init.bin").write_bytes(b"")  # a seed with no logs: its runs start, the trainer is not there
+    result = run(script + ["--seeds", "1337,7,3"])
+    assert result.returncode == 1 and "[ours_bf16] failed" in result.stdout, result.stdout
+    for bad in ("1337,x", "7,7"):
+        with pytest.raises(SystemExit):
+            convergence.parse_args(common + ["--seeds", bad])
 
 
 def test_convergence_dry_run(tmp_path):
