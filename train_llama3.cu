@@ -702,6 +702,16 @@ struct Llama3 {
             const Fp8Copies w13_copies = {reinterpret_cast<fp8_t*>(a.dhact), reinterpret_cast<fp8_t*>(h13), bc.weight,
                                           bc.inp_t};
             const Fp8Copies w2_copies = {bc.operand, bc.grad_t, bc.weight, reinterpret_cast<fp8_t*>(a.dhact)};
+            // The weight-gradient products that layer 0 defers under a reduction (see defer_layer0): BF16's w13
+            // product (FP8's stays in place) and the qkv product.
+            const bool deferred = defer_layer0 && l == 0;
+            auto w13_weight_product = [&] {
+                matmul_backward(nullptr, g.w13, a.dh13, ln2, w13, N, C, 2 * F, add, stream);
+            };
+            auto qkv_weight_product = [&] {
+                if (fp8) fp8_linear_backward_weight(g.wqkv, ln1, N, C, QKV, fp8_slot(l, FP8_QKV), add, bc, f8, stream);
+                else matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, wqkv, N, C, QKV, add, stream);
+            };
             // Recomputation: bit-identical to the forward's values (the same kernels, or the norm's backward with the
             // forward's expression and rstd, on the same inputs). ln1, and ln2 at level 1, are written by the norms'
             // backward, between the input-gradient and the weight-gradient matmuls; at level 2 the w13 product must
@@ -747,8 +757,8 @@ struct Llama3 {
                 if (fp8) {
                     fp8_linear_backward_weight(g.w13, ln2, N, C, 2 * F, fp8_slot(l, FP8_W13), add, w13_copies, f8,
                                                stream);
-                } else if (!(defer_layer0 && l == 0)) {
-                    matmul_backward(nullptr, g.w13, a.dh13, ln2, w13, N, C, 2 * F, add, stream);
+                } else if (!deferred) {
+                    w13_weight_product();
                 }
             }
             // the attention branch
@@ -775,23 +785,13 @@ struct Llama3 {
                 rmsnorm_backward(a.dresidual.ptr, g.attn_norm, a.rmsnorm_scratch.ptr, recompute >= 1 ? ln1 : nullptr,
                                  dnorm, x, w.attn_norm, rstd1, N, C, add, stream,
                                  grad_amax(l - 1, FP8_W2));
-                if (!(defer_layer0 && l == 0)) {
-                    if (fp8) {
-                        fp8_linear_backward_weight(g.wqkv, ln1, N, C, QKV, fp8_slot(l, FP8_QKV), add, bc, f8, stream);
-                    } else {
-                        matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, wqkv, N, C, QKV, add, stream);
-                    }
-                }
+                if (!deferred) qkv_weight_product();
             }
-            if (defer_layer0 && l == 0) {  // d(residual) is final: the embedding first (see defer_layer0)
+            if (deferred) {  // d(residual) is final: the embedding first (see defer_layer0)
                 embedding_backward();
                 ProfileScope region(prof, "bwd layer 0 weight products after the embedding");
-                if (fp8) {
-                    fp8_linear_backward_weight(g.wqkv, ln1, N, C, QKV, fp8_slot(l, FP8_QKV), add, bc, f8, stream);
-                } else {
-                    matmul_backward(nullptr, g.w13, a.dh13, ln2, w13, N, C, 2 * F, add, stream);
-                    matmul_backward(nullptr, g.wqkv, a.dqkv, ln1, wqkv, N, C, QKV, add, stream);
-                }
+                if (!fp8) w13_weight_product();
+                qkv_weight_product();
             }
             weights.prefetch(l - 2, stream);  // this layer's slot is read no more
             if (reduce && l == 0) grads.layer_done(0, accumulate, stream);  // the others: in the layer below

@@ -169,10 +169,10 @@ def evaluate(finals):
 def evaluate_seeds(per_seed):
     """per_seed: {seed: {variant: final val loss or None}}. Returns [(variant, reference, tolerance, {seed: relative
     difference} where both ran, their mean or None where no seed had both, passed)]: judged on the mean."""
+    evaluated = {seed: evaluate(finals) for seed, finals in per_seed.items()}
     results = []
     for i, (variant, reference, tolerance) in enumerate(CRITERIA):
-        gaps = {seed: evaluate(finals)[i][3] for seed, finals in per_seed.items()}
-        gaps = {seed: rel for seed, rel in gaps.items() if rel is not None}
+        gaps = {seed: rows[i][3] for seed, rows in evaluated.items() if rows[i][3] is not None}
         mean = sum(gaps.values()) / len(gaps) if gaps else None
         results.append((variant, reference, tolerance, gaps, mean, mean is None or abs(mean) <= tolerance))
     return results
