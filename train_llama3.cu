@@ -259,6 +259,7 @@ struct Llama3 {
     bool fp8_mode = false;             // -M fp8: the layers' products in FP8, with their scratch
     Fp8LinearScales fp8_scales;
     Fp8Copies fp8_forward_copies = {}, fp8_backward_copies = {};  // see allocate_activations
+    __nv_fp8_storage_t* fp8_w13_weight_copy = nullptr;            // w13's in the backward and its recomputation
     size_t fp8_extra_bytes = 0;  // what the FP8 copies added to the activations' memory
     DeviceBuffer<float> rope_table;    // (max_seq_len, hd/2, 2) {cos, sin}
     Activations acts;
@@ -413,12 +414,18 @@ struct Llama3 {
         size_t scratch_count = std::max(layer_scratch, (size_t)classifier_chunk * c.vocab_size);
         // FP8 copies (Fp8Copies) in memory that holds nothing else at the time. The forward's anywhere in the shared
         // scratch, which is free until the classifier; the backward's after the layer scratch, except the MLP's
-        // largest (copy_in_dead_buffers in backward()). Sizes in floatX elements, each part 256-byte aligned.
+        // largest (the w13 copies in backward()). Sizes in floatX elements, each part 256-byte aligned.
         const size_t max_weight = std::max({QKV * C, C * attn, 2 * F * C, C * F});
         auto fp8_bytes = [&](size_t bytes) { return aligned((bytes + sizeof(floatX) - 1) / sizeof(floatX)); };
         const size_t fp8_forward = fp8_bytes(N * std::max({C, attn, F})) + fp8_bytes(max_weight);
+        // The backward's w13 weight copy, the largest: in datty and dqkv where they hold its bytes (both dead from
+        // the layer above's qkv backward to this layer's wo backward, over the MLP's backward and its recomputation),
+        // else with the other weights' copies. At the 8B and T=8192 this keeps the FP8 mode within the BF16 mode's
+        // memory (the scratch is then sized by the classifier's chunk).
+        const bool w13_copy_in_attention_grads = fp8_bytes(2 * F * C) <= aligned(N * attn) + aligned(N * QKV);
+        const size_t backward_weight = w13_copy_in_attention_grads ? std::max({QKV * C, C * attn, C * F}) : max_weight;
         const size_t fp8_backward_operand = fp8_bytes(N * std::max({C, attn, QKV}));
-        const size_t fp8_backward = fp8_backward_operand + fp8_bytes(N * std::max(C, QKV)) + fp8_bytes(max_weight);
+        const size_t fp8_backward = fp8_backward_operand + fp8_bytes(N * std::max(C, QKV)) + fp8_bytes(backward_weight);
         if (fp8_mode) {
             size_t without = scratch_count;
             scratch_count = std::max({scratch_count, fp8_forward, layer_scratch + fp8_backward});
@@ -450,8 +457,9 @@ struct Llama3 {
                                   nullptr};
             fp8_t* backward = reinterpret_cast<fp8_t*>(a.shared_scratch.ptr + layer_scratch);
             fp8_t* grad_t = backward + fp8_backward_operand * sizeof(floatX);
-            fp8_t* weight = backward + (fp8_backward - fp8_bytes(max_weight)) * sizeof(floatX);
+            fp8_t* weight = backward + (fp8_backward - fp8_bytes(backward_weight)) * sizeof(floatX);
             fp8_backward_copies = {backward, grad_t, weight, backward};
+            fp8_w13_weight_copy = w13_copy_in_attention_grads ? reinterpret_cast<fp8_t*>(a.datty) : weight;
             fp8_scales.allocate((int)L * FP8_PRODUCTS);
         }
     }
@@ -698,9 +706,11 @@ struct Llama3 {
             // FP8: the MLP's largest copies go to buffers dead by then: the w13 output gradient's copy to dhact and its
             // transpose to this layer's h13 (both read by the SwiGLU backward before), hact's transpose to dhact
             // (after the SwiGLU backward read it). Each holds at least as many bytes: floatX elements, the same count.
+            // w13's weight copy: fp8_w13_weight_copy (allocate_activations).
             using fp8_t = __nv_fp8_storage_t;
-            const Fp8Copies w13_copies = {reinterpret_cast<fp8_t*>(a.dhact), reinterpret_cast<fp8_t*>(h13), bc.weight,
-                                          bc.inp_t};
+            const Fp8Copies w13_copies = {reinterpret_cast<fp8_t*>(a.dhact), reinterpret_cast<fp8_t*>(h13),
+                                          fp8_w13_weight_copy, bc.inp_t};
+            const Fp8Copies w13_recompute_copies = {bc.operand, bc.grad_t, fp8_w13_weight_copy, bc.inp_t};
             const Fp8Copies w2_copies = {bc.operand, bc.grad_t, bc.weight, reinterpret_cast<fp8_t*>(a.dhact)};
             // The weight-gradient products that layer 0 defers under a reduction (see defer_layer0): BF16's w13
             // product (FP8's stays in place) and the qkv product.
@@ -720,7 +730,10 @@ struct Llama3 {
             if (recompute >= 2) {
                 ProfileScope region(prof, "bwd recompute");
                 rmsnorm_forward(ln2, rstd2, mid, w.ffn_norm, N, C, c.norm_eps, stream);
-                if (fp8) fp8_linear_forward(h13, ln2, w13, N, C, 2 * F, fp8_slot(l, FP8_W13), bc, f8, stream);
+                if (fp8) {
+                    fp8_linear_forward(h13, ln2, w13, N, C, 2 * F, fp8_slot(l, FP8_W13), w13_recompute_copies, f8,
+                                       stream);
+                }
                 else matmul_forward(h13, ln2, w13, N, C, 2 * F, stream);
             }
             // the MLP branch: dresidual is the gradient of its output. The w2 weight gradient comes after the swiglu

@@ -204,7 +204,7 @@ def plot(args, logs, path):
                         markersize=3, label=variant)
     depth = f" depth {args.depth}" if args.depth else ""
     ax_train.set_title(f"train loss (running mean of {args.smooth} steps)")
-    ax_val.set_title(f"val loss ({args.val_batches} batches)")
+    ax_val.set_title(f"val loss ({'all' if args.val_batches < 0 else args.val_batches} val batches)")
     ax_rel.set_title(f"val loss against {reference} (%)")
     for ax, label in ((ax_train, "loss"), (ax_val, "loss"), (ax_rel, "relative difference (%)")):
         ax.set_xlabel("step")

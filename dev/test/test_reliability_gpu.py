@@ -446,13 +446,16 @@ def test_fp8_recompute_levels_are_bit_identical(build, data, d2_start, d2_runs, 
         assert step_lines(result.stdout) == want, (level, result.stdout)
 
 
-def test_fp8_recompute_levels_are_bit_identical_at_d12_widths(build, data, tmp_path):
+@pytest.mark.parametrize("seq_len", [64, 256])
+def test_fp8_recompute_levels_are_bit_identical_at_d12_widths(build, data, tmp_path, seq_len):
     """The same at d12's widths (dim 768, F 2048, QKV 1280), whose FP8 copies sit elsewhere in the scratch than
-    d2's: from scratch, -R 0, 1 and 2 give the same losses and norms."""
+    d2's: from scratch, -R 0, 1 and 2 give the same losses and norms. At B=4, T=256 the backward's w13 weight copy
+    (2 F dim bytes) fits in datty and dqkv (2 N (768 + 1280) bytes) and goes there; at T=64 it does not."""
     want = None
     for level in (1, 0, 2):
         result = run(train_cmd(build["BF16"], data, tmp_path / f"r{level}", "-M", "fp8", "-K", 0, "-R", level,
-                               "-c", "d12", "-t", 64, "-x", 4, "-n", 0, "-v", 0, model=None))
+                               "-c", "d12", "-b", 4, "-t", seq_len, "-g", 4 * seq_len, "-x", 4, "-n", 0, "-v", 0,
+                               model=None))
         assert result.returncode == 0, result.stdout + result.stderr
         assert "layers' matmuls fp8" in result.stdout
         lines = step_lines(result.stdout)
