@@ -79,8 +79,9 @@ def parse_args(argv=None):
     parser.add_argument("--final_fraction", type=float, default=0.1, help="final lr as a fraction of the peak")
     parser.add_argument("--weight_decay", type=float, default=0.1)
     parser.add_argument("--grad_clip", type=float, default=1.0)
-    parser.add_argument("--val_every", type=int, default=100)
-    parser.add_argument("--val_batches", type=int, default=20, help="val batches per evaluation, -1 all")
+    parser.add_argument("--val_every", type=int, default=250)
+    parser.add_argument("--val_batches", type=int, default=-1,
+                        help="val batches per evaluation; -1 (default): the whole val split")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"a comma list of {', '.join(VARIANTS)}")
     parser.add_argument("--rerun", action="store_true", help="run variants whose log is complete again")
     parser.add_argument("--binary", default=os.path.join(ROOT, "train_llama3cu"))

@@ -346,8 +346,8 @@ def test_bad_flags_rejected(case):
 
 def test_convergence_presets():
     d12 = convergence.parse_args(["--train", "t", "--val", "v"])
-    assert (d12.config, d12.steps, d12.batch_size, d12.seq_len, d12.lr, d12.warmup) == ("d12", 3000, 16, 1024, 6e-4,
-                                                                                         100)
+    assert (d12.config, d12.steps, d12.batch_size, d12.seq_len, d12.lr, d12.warmup) == ("d12", 3000, 4, 768, 6e-4, 100)
+    assert d12.steps * d12.batch_size * d12.seq_len < 10_700_000  # less than one pass over make corpus's train split
     assert d12.variants == ["ours_bf16", "ours_fp8", "torch_bf16", "torchao_fp8"] and d12.fp8_flag == "-M fp8 -K 0"
     big = convergence.parse_args(["--train", "t", "--val", "v", "--config", "llama3.2-1B", "--depth", "4",
                                   "--steps", "1000", "-B", "4"])
@@ -374,7 +374,7 @@ def test_convergence_commands_share_data_and_hyperparameters():
     ours = dict(zip(plan["ours_bf16"][0][1::2], plan["ours_bf16"][0][2::2]))
     torch_args = flag_values(plan["torch_bf16"][0])
     assert ours["-e"] == torch_args["--model"] == "/tmp/c/init.bin"
-    assert ours["-f"] == "0" and ours["-g"] == str(16 * 1024) and ours["-n"] == "0"  # no shuffle, no accumulation
+    assert ours["-f"] == "0" and ours["-g"] == str(4 * 768) and ours["-n"] == "0"  # no shuffle, no accumulation
     pairs = {"-i": "--input_bin", "-j": "--val_bin", "-b": "-B", "-t": "-T", "-x": "--steps", "-l": "--lr",
              "-k": "--schedule", "-u": "--warmup", "-q": "--final_fraction", "-w": "--weight_decay",
              "-G": "--grad_clip", "-v": "--val_every", "-m": "--val_batches"}
