@@ -20,12 +20,16 @@ run again (--rerun runs it anyway), and the plot, the table and the criteria tak
 complete for these settings: the variants can be run one command at a time (--variants). Use one --out per case:
 its init.bin is made once.
 
-The gap between two variants moves from seed to seed (on d12, FP8 against BF16 by more than a point: README), so
+The gap between two variants moves from seed to seed (on d12 read once, by up to a point and more: README), so
 one run a variant cannot settle a 0.5% criterion. --seeds 1337,7,... runs the whole case once per seed of the
 initial weights, each in <out>/seed<N> (its own init.bin, logs and plot), prints each seed's table, then each
 criterion's gap at every seed and their mean, and judges the criteria on the mean:
 
-  python scripts/convergence.py --train ... --val ... --seeds 1337,7,42 --out runs/conv_d12_seeds
+  python scripts/convergence.py --train ... --val ... --seeds 1337,7,42 --jobs 12 --out runs/conv_d12_seeds
+
+--jobs N runs up to N of the runs at once on the GPU, the seeds' among them (the initial weights are written first,
+one seed after another): a small model leaves the GPU idle between its kernels, and each run gives the losses it
+gives alone.
 
 The same start: scripts/train_llama3.py writes the initial weights once (<out>/init.bin, fp32, from --seed); ours
 reads them with -e, PyTorch with --model. The same tokens in the same order: ours reads with shuffling off (-f 0),
@@ -39,6 +43,7 @@ same grad clip.
 """
 
 import argparse
+import concurrent.futures
 import importlib.util
 import os
 import shlex
@@ -90,6 +95,10 @@ def parse_args(argv=None):
     parser.add_argument("--compile", type=int, default=1, help="torch.compile for the PyTorch variants")
     parser.add_argument("--device", default="cuda", help="of the PyTorch variants")
     parser.add_argument("--smooth", type=int, default=50, help="train loss plotted as a running mean of N steps")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at once, on the same GPU (the seeds' runs of --seeds among them): a small model "
+                             "leaves the GPU idle between its kernels, so runs side by side finish sooner; each run "
+                             "gives the same losses as alone")
     parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
     preset = PRESETS.get(args.config, PRESETS["d12"])
@@ -100,8 +109,8 @@ def parse_args(argv=None):
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
-    if min(args.steps, args.batch_size, args.seq_len, args.val_every, args.smooth) < 1 or args.warmup < 0:
-        parser.error("--steps, -B, -T, --val_every and --smooth must be >= 1, --warmup >= 0")
+    if min(args.steps, args.batch_size, args.seq_len, args.val_every, args.smooth, args.jobs) < 1 or args.warmup < 0:
+        parser.error("--steps, -B, -T, --val_every, --smooth and --jobs must be >= 1, --warmup >= 0")
     if not args.fp8_flag.split():
         parser.error("--fp8_flag is empty")
     try:
@@ -219,14 +228,15 @@ def plot(args, logs, path):
     plt.close(fig)
 
 
-def run_variant(variant, cmd, log):
+def run_variant(label, cmd, log):
+    """Runs one variant's command (label: "[variant]", with its seed under --seeds); True where it went through."""
     folder = os.path.dirname(log)
     os.makedirs(folder, exist_ok=True)
     if os.path.exists(log):
         os.remove(log)  # a new run: no lines of an earlier one
     with open(os.path.join(folder, "cmd.txt"), "w") as f:
         f.write(shlex.join(cmd) + "\n")
-    print(f"[{variant}] $ {shlex.join(cmd)}", flush=True)
+    print(f"{label} $ {shlex.join(cmd)}", flush=True)
     with open(os.path.join(folder, "stdout.txt"), "w") as out:
         try:
             rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
@@ -235,15 +245,15 @@ def run_variant(variant, cmd, log):
             rc = 127
     if rc != 0:
         with open(os.path.join(folder, "stdout.txt")) as f:
-            print(f.read()[-3000:])
-        print(f"[{variant}] failed (exit code {rc}): {os.path.join(folder, 'stdout.txt')}")
+            tail = f.read()[-3000:]
+        print(f"{tail}\n{label} failed (exit code {rc}): {os.path.join(folder, 'stdout.txt')}", flush=True)
     return rc == 0
 
 
-def run_case(args):
-    """Runs the variants of one case (one seed) that are not complete yet, then plots and prints its table and
-    criteria. Returns ({variant: final val loss or None}, whether every run went through, whether each criterion
-    held), or None where the initial weights could not be written."""
+def prepare_case(args):
+    """The variants of one case (one seed) still to run, and the initial weights they start from, written here where
+    a run needs them. Returns (plan, runs, notes): every variant's (command, log), the (variant, command, log) to run,
+    a note for each variant that will not run; None where the initial weights could not be written."""
     init = os.path.join(args.out, "init.bin")
     init_cmd = [sys.executable, os.path.join(ROOT, "scripts", "train_llama3.py"), "--config", args.config,
                 "--depth", str(args.depth), "--seed", str(args.seed), "--steps", "0", "--device", "cpu",
@@ -253,28 +263,39 @@ def run_case(args):
         print(f"$ {shlex.join(init_cmd)}")
         for variant in args.variants:
             print(f"[{variant}] $ {shlex.join(plan[variant][0])}")
-        return {}, True, True
+        return plan, [], {}
     os.makedirs(args.out, exist_ok=True)
     have_torchao = importlib.util.find_spec("torchao") is not None
-    failed, notes = [], {}
+    runs, notes = [], {}
     for variant in args.variants:
         cmd, log = plan[variant]
         if complete(cmd, log, args.steps) and not args.rerun:
             notes[variant] = "(log complete: not run again)"
-            continue
-        if variant == "torchao_fp8" and not have_torchao:
+        elif variant == "torchao_fp8" and not have_torchao:
             notes[variant] = "torchao not installed"
-            continue
-        if not os.path.exists(init):
-            print(f"$ {shlex.join(init_cmd)}", flush=True)
-            if subprocess.run(init_cmd).returncode != 0:
-                print("error: could not write the initial weights")
-                return None
-        if not run_variant(variant, cmd, log):
-            failed.append(variant)
-            notes[variant] = "run failed"
+        else:
+            runs.append((variant, cmd, log))
+    if runs and not os.path.exists(init):
+        print(f"$ {shlex.join(init_cmd)}", flush=True)
+        if subprocess.run(init_cmd).returncode != 0:
+            print("error: could not write the initial weights")
+            return None
+    return plan, runs, notes
 
-    # the report: the variants asked for, and those whose logs are complete for these settings (earlier commands)
+
+def run_all(runs, jobs):
+    """runs: (label, command, log) each; at most `jobs` at once. Returns the labels of the runs that failed."""
+    if jobs == 1:
+        return [label for label, cmd, log in runs if not run_variant(label, cmd, log)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        went = list(pool.map(lambda run: run_variant(*run), runs))
+    return [run[0] for run, ok in zip(runs, went) if not ok]
+
+
+def report_case(args, plan, failed, notes):
+    """Plots one case and prints its table and criteria: the variants asked for, and those whose logs are complete
+    for these settings (earlier commands). Returns ({variant: final val loss or None}, whether each criterion held)."""
+    notes = dict(notes, **{variant: "run failed" for variant in failed})
     logs = {v: log for v, (cmd, log) in plan.items() if v in args.variants or complete(cmd, log, args.steps)}
     finals = {variant: final_val(log, args.steps) for variant, log in logs.items()}
     png = os.path.join(args.out, "convergence.png")
@@ -296,28 +317,43 @@ def run_case(args):
         else:
             print(f"{what}: {100 * rel:+.3f}% {'PASS' if passed else 'FAIL'}")
         criteria_ok = criteria_ok and passed
-    return finals, not failed, criteria_ok
+    return finals, criteria_ok
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if not args.seeds:
-        result = run_case(args)
-        return 0 if result is not None and result[1] and result[2] else 1
-    per_seed, runs_ok = {}, True
+    cases = {None: args}  # seed (None without --seeds): the case's arguments
     for seed in args.seeds:
         case = argparse.Namespace(**vars(args))
         case.seed, case.out = seed, os.path.join(args.out, f"seed{seed}")
-        print(f"\n=== seed {seed}: {case.out}", flush=True)
-        result = run_case(case)
-        if result is None:
+        cases[seed] = case
+    if args.seeds:
+        del cases[None]
+    tag = lambda seed: f"seed {seed}: " if seed is not None else ""
+    prepared, runs = {}, []
+    for seed, case in cases.items():
+        if args.dry_run and seed is not None:
+            print(f"\n=== seed {seed}: {case.out}")
+        prepared[seed] = prepare_case(case)
+        if prepared[seed] is None:
             return 1
-        per_seed[seed] = result[0]
-        runs_ok = runs_ok and result[1]
+        runs += [(f"{tag(seed)}[{variant}]", cmd, log) for variant, cmd, log in prepared[seed][1]]
     if args.dry_run:
         return 0
+    failed = run_all(runs, args.jobs)
+
+    per_seed, ok = {}, not failed
+    for seed, case in cases.items():
+        plan, case_runs, notes = prepared[seed]
+        if seed is not None:
+            print(f"\n=== seed {seed}: {case.out}", flush=True)
+        case_failed = [variant for variant, cmd, log in case_runs if f"{tag(seed)}[{variant}]" in failed]
+        per_seed[seed], criteria_ok = report_case(case, plan, case_failed, notes)
+        if seed is None:
+            ok = ok and criteria_ok
+    if not args.seeds:
+        return 0 if ok else 1
     print(f"\n=== over seeds {', '.join(map(str, args.seeds))}: the criteria on the mean gap")
-    ok = runs_ok
     for variant, reference, tolerance, gaps, mean, passed in evaluate_seeds(per_seed):
         what = f"{variant} within {100 * tolerance:.1f}% of {reference}"
         if mean is None:

@@ -468,6 +468,49 @@ def test_convergence_seeds_judged_on_the_mean_gap(tmp_path):
             convergence.parse_args(common + ["--seeds", bad])
 
 
+FAKE_TRAINER = """import os, sys, time
+args = sys.argv
+out, steps = args[args.index("-o") + 1], int(args[args.index("-x") + 1])
+start = time.time()
+time.sleep(1.0)
+with open(os.path.join(out, "log.txt"), "w") as f:
+    for step in range(1, steps + 1):
+        f.write(f"step {step} train_loss {6 - step / steps:.6f} norm 1.0 lr 1e-3\\n")
+    f.write(f"step {steps} val_loss {4.01 if '-M' in args else 4.0}\\n")
+with open(os.environ["FAKE_TIMES"], "a") as f:
+    f.write(f"{start} {time.time()}\\n")
+"""
+
+
+@pytest.mark.parametrize("jobs", [1, 4])
+def test_convergence_jobs_run_side_by_side(tmp_path, jobs):
+    """--jobs 4: two seeds' two variants (a fake trainer that takes a second) run at once, and the report is
+    --jobs 1's: FP8 +0.25% at each seed, judged on the mean. --jobs 1 runs them one after another."""
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(FAKE_TRAINER)
+    trainer.chmod(0o755)
+    wrapper = tmp_path / "trainer"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {trainer} \"$@\"\n")
+    wrapper.chmod(0o755)
+    out = tmp_path / "conv"
+    for seed in (1337, 7):
+        (out / f"seed{seed}").mkdir(parents=True)
+        (out / f"seed{seed}" / "init.bin").write_bytes(b"")  # stands in for the initial weights
+    times = tmp_path / "times.txt"
+    result = run([sys.executable, os.path.join(ROOT, "scripts", "convergence.py"), "--train", "t*.bin", "--val",
+                  "v*.bin", "--out", out, "--steps", "10", "--val_every", "5", "--variants", "ours_bf16,ours_fp8",
+                  "--binary", wrapper, "--seeds", "1337,7", "--jobs", jobs],
+                 env=dict(os.environ, FAKE_TIMES=str(times)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("ours_fp8 within 0.5% of ours_bf16: +0.250% PASS") == 2, result.stdout
+    assert "mean +0.250% over 2 seed(s)" in result.stdout
+    assert "seed 7: [ours_fp8] $ " in result.stdout
+    spans = [tuple(map(float, line.split())) for line in times.read_text().splitlines()]
+    assert len(spans) == 4
+    overlapping = max(start for start, _ in spans) < min(end for _, end in spans)
+    assert overlapping == (jobs == 4), spans
+
+
 def test_convergence_dry_run(tmp_path):
     out = tmp_path / "dry"
     result = run([sys.executable, os.path.join(ROOT, "scripts", "convergence.py"), "--train", "t*.bin", "--val",
