@@ -284,12 +284,11 @@ def prepare_case(args):
 
 
 def run_all(runs, jobs):
-    """runs: (label, command, log) each; at most `jobs` at once. Returns the labels of the runs that failed."""
+    """runs: (label, command, log) each; at most `jobs` at once. Returns whether each went through."""
     if jobs == 1:
-        return [label for label, cmd, log in runs if not run_variant(label, cmd, log)]
+        return [run_variant(*run) for run in runs]
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        went = list(pool.map(lambda run: run_variant(*run), runs))
-    return [run[0] for run, ok in zip(runs, went) if not ok]
+        return list(pool.map(lambda run: run_variant(*run), runs))
 
 
 def report_case(args, plan, failed, notes):
@@ -322,32 +321,29 @@ def report_case(args, plan, failed, notes):
 
 def main(argv=None):
     args = parse_args(argv)
-    cases = {None: args}  # seed (None without --seeds): the case's arguments
-    for seed in args.seeds:
-        case = argparse.Namespace(**vars(args))
-        case.seed, case.out = seed, os.path.join(args.out, f"seed{seed}")
-        cases[seed] = case
-    if args.seeds:
-        del cases[None]
-    tag = lambda seed: f"seed {seed}: " if seed is not None else ""
-    prepared, runs = {}, []
+    # seed (None without --seeds): the case's arguments
+    cases = {seed: argparse.Namespace(**dict(vars(args), seed=seed, out=os.path.join(args.out, f"seed{seed}")))
+             for seed in args.seeds} or {None: args}
+    prepared, runs = {}, []  # runs: (seed, variant, command, log)
     for seed, case in cases.items():
         if args.dry_run and seed is not None:
             print(f"\n=== seed {seed}: {case.out}")
         prepared[seed] = prepare_case(case)
         if prepared[seed] is None:
             return 1
-        runs += [(f"{tag(seed)}[{variant}]", cmd, log) for variant, cmd, log in prepared[seed][1]]
+        runs += [(seed, variant, cmd, log) for variant, cmd, log in prepared[seed][1]]
     if args.dry_run:
         return 0
-    failed = run_all(runs, args.jobs)
+    tag = lambda seed: f"seed {seed}: " if seed is not None else ""
+    went = run_all([(f"{tag(seed)}[{variant}]", cmd, log) for seed, variant, cmd, log in runs], args.jobs)
+    failed = {(seed, variant) for (seed, variant, _, _), ok in zip(runs, went) if not ok}
 
     per_seed, ok = {}, not failed
     for seed, case in cases.items():
-        plan, case_runs, notes = prepared[seed]
+        plan, _, notes = prepared[seed]
         if seed is not None:
             print(f"\n=== seed {seed}: {case.out}", flush=True)
-        case_failed = [variant for variant, cmd, log in case_runs if f"{tag(seed)}[{variant}]" in failed]
+        case_failed = [variant for s, variant in failed if s == seed]
         per_seed[seed], criteria_ok = report_case(case, plan, case_failed, notes)
         if seed is None:
             ok = ok and criteria_ok

@@ -352,7 +352,7 @@ def test_convergence_presets():
     big = convergence.parse_args(["--train", "t", "--val", "v", "--config", "llama3.2-1B", "--depth", "4",
                                   "--steps", "1000", "-B", "4"])
     assert (big.depth, big.steps, big.batch_size, big.seq_len, big.lr, big.warmup) == (4, 1000, 4, 2048, 3e-4, 50)
-    for bad in (["--variants", "ours_bf16,ours_fp4"], ["--fp8_flag", " "], ["--steps", "0"]):
+    for bad in (["--variants", "ours_bf16,ours_fp4"], ["--fp8_flag", " "], ["--steps", "0"], ["--jobs", "0"]):
         with pytest.raises(SystemExit):
             convergence.parse_args(["--train", "t", "--val", "v", *bad])
 
