@@ -77,8 +77,9 @@ inline void* g_cublaslt_workspace = nullptr;
 // The qualified candidates are timed in turns, MATMUL_TIMING_ROUNDS runs each, and the fastest run of each decides:
 // three runs of one candidate after another had let a passing slowdown at the first step (clocks still settling,
 // other work on the GPU) choose other tiles from run to run (traced on 2 H200s: a one-GPU run and each rank of a
-// 2-GPU run chose differently, about 0.9 ms a step apart). The 1B step on one H200, three runs each alternated: 217.40 / 217.82 /
-// 217.44 ms before, 216.39 / 217.14 / 216.78 after; 2 GPUs `-Z 1` 225.17 ms before, 224.87 after (means).
+// 2-GPU run chose differently, about 0.9 ms a step apart). The 1B step on one H200, three runs each alternated:
+// 217.40 / 217.82 / 217.44 ms before, 216.39 / 217.14 / 216.78 after; 2 GPUs `-Z 1` 225.17 ms before, 224.87 after
+// (means).
 // dweight keeps the first answer: its product accumulates into D (beta = 1), or overwrites D on a step's first
 // micro-batch (beta = 0), with one algorithm for both, and timing the accumulating call would need a copy of D. Timing
 // the overwriting call instead was tried: a 1B step no faster (H100, 236.5 / 236.7 / 239.9 ms against 236.8 / 236.4 /
@@ -238,8 +239,6 @@ inline cublasLtMatmulAlgo_t matmul_algo(cublasLtMatmulDesc_t desc, cublasLtMatri
             run(candidates[i].algo);  // warm-up, and the output to compare
             if (matmul_output_hash(d, count, stream) == reference) qualified.push_back(i);
         }
-        // Timed in turns, each candidate's fastest run kept: a run slowed by clocks still settling or by other work on
-        // the GPU then does not decide.
         cudaEvent_t start, stop;
         cudaCheck(cudaEventCreate(&start));
         cudaCheck(cudaEventCreate(&stop));
