@@ -19,6 +19,9 @@ layer (-Q 0), the extra time over our 1-GPU step is the exposed reduction time, 
 --with_8b adds llama3.1-8B at T=8192, B=1 per GPU on the largest count: ours in BF16 with fp32 master weights and
 AdamW (-Z --stage_8b, -R 2) and in FP8 (-M fp8), and PyTorch FSDP2 with each layer's activations recomputed (it does
 not fit otherwise); a PyTorch run that fails (out of memory) is reported, not fatal.
+--each_gpu runs our 1-GPU step on every GPU of the largest count, one at a time, and gives the scaling also
+against the slowest of them: the several-GPU step goes at its slowest GPU's pace, and GPU 0 (the plain 1-GPU run's)
+need not be the slowest (2 H200s of one host: 220.4 and 218.3 ms at the 1B).
 --transport socket turns NCCL's peer-to-peer, shared-memory and InfiniBand transports off, so that every collective,
 ours and PyTorch's, goes through NCCL's socket transport, as between hosts without InfiniBand.
 
@@ -130,6 +133,10 @@ def parse_args(argv=None):
                         help="which of our runs: 1 (one GPU), Z<stage> (-Z <stage> on each count; Z1 always runs), "
                              "Q0 (Z1 with -Q 0 on the largest count)")
     parser.add_argument("--ours_flags", default="", help="trainer flags for every run of ours, e.g. '-M fp8'")
+    parser.add_argument("--each_gpu", action="store_true",
+                        help="our 1-GPU run on every GPU of the largest count, one at a time (CUDA_VISIBLE_DEVICES), "
+                             "and the scaling also against the slowest of them: a several-GPU step goes at its "
+                             "slowest GPU's pace, and the GPUs of one host differ (2 H200s: 220.4 and 218.3 ms)")
     parser.add_argument("--with_8b", action="store_true", help="also llama3.1-8B at T=8192 on the largest count")
     parser.add_argument("--stage_8b", type=int, default=1, help="our ZeRO stage for the 8B")
     parser.add_argument("--transport", default="default", choices=sorted(TRANSPORTS),
@@ -149,6 +156,8 @@ def parse_args(argv=None):
     for token in args.ours.split(","):
         if token not in ("1", "Q0") and not re.fullmatch(r"Z\d", token):
             parser.error(f"--ours: '{token}' is not 1, Z<stage> or Q0")
+    if args.each_gpu and "1" not in args.ours.split(","):
+        parser.error("--each_gpu repeats our 1-GPU run: --ours must hold 1")
     torch_modes = [] if args.torch == "none" else args.torch.split(",")
     for mode in torch_modes:
         if mode not in ("single", "ddp", "fsdp"):
@@ -189,7 +198,10 @@ def plan(args):
     ours = args.ours.split(",")
     runs = []
     if "1" in ours:
-        runs.append(("ours 1 GPU", ours_cmd(args, 1, args.config, B, T), B * T, True))
+        runs.append(("ours 1 GPU", ours_cmd(args, 1, args.config, B, T), B * T, True))  # on GPU 0
+        for k in range(1, N if args.each_gpu else 1):
+            runs.append((f"ours 1 GPU (GPU {k})", ["env", f"CUDA_VISIBLE_DEVICES={k}",
+                                                    *ours_cmd(args, 1, args.config, B, T)], B * T, True))
     for n in args.counts:
         for stage in our_stages(args):
             runs.append((f"ours {n} GPUs Z{stage}", ours_cmd(args, n, args.config, B, T, "-Z", stage), B * T * n,
@@ -266,6 +278,13 @@ def main(argv=None):
         if one is not None:
             scaling = ", ".join(f"Z{z} {r[f'ours {n} GPUs Z{z}'][1] / (n * one[1]):.3f}" for z in our_stages(args))
             print(f"our scaling 1 -> {n} GPUs: {scaling} (from medians, Z1: {one[2] / r[f'ours {n} GPUs Z1'][2]:.3f})")
+        if one is not None and args.each_gpu:
+            alone = [one] + [r[f"ours 1 GPU (GPU {k})"] for k in range(1, n)]
+            slowest = max(range(n), key=lambda k: alone[k][0])
+            scaling = ", ".join(f"Z{z} {r[f'ours {n} GPUs Z{z}'][1] / (n * alone[slowest][1]):.3f}"
+                                for z in our_stages(args))
+            print(f"our scaling 1 -> {n} GPUs against the slowest of GPUs 0-{n - 1} alone (GPU {slowest}, "
+                  f"{alone[slowest][0]:.1f} ms): {scaling}")
     many = r[f"ours {N} GPUs Z1"]
     if one is not None and torch_one is not None:
         print(f"ours / PyTorch on 1 GPU: {one[1] / torch_one[1]:.3f}")

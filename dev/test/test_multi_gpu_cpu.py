@@ -93,12 +93,38 @@ def test_bench_socket_transport():
     assert bench_multi_gpu.env("default") == bench_multi_gpu.ENV
 
 
+def test_bench_each_gpu(monkeypatch, capsys, tmp_path):
+    """--each_gpu: our 1-GPU run on GPUs 1 to N-1 too, and the scaling against the slowest of the first n."""
+    argv = ["--gpus", "2,4", "--ours", "1,Z1", "--torch", "none", "--each_gpu", "--train", "s", "--out", str(tmp_path)]
+    runs = {name: cmd for name, cmd, _, _ in bench_multi_gpu.plan(bench_multi_gpu.parse_args(argv))}
+    assert list(runs) == ["ours 1 GPU", "ours 1 GPU (GPU 1)", "ours 1 GPU (GPU 2)", "ours 1 GPU (GPU 3)",
+                          "ours 2 GPUs Z1", "ours 4 GPUs Z1"]
+    assert runs["ours 1 GPU (GPU 2)"][:2] == ["env", "CUDA_VISIBLE_DEVICES=2"]
+    assert runs["ours 1 GPU (GPU 2)"][2:] == runs["ours 1 GPU"]
+    ms = {"ours 1 GPU": 100.0, "ours 1 GPU (GPU 1)": 98.0, "ours 1 GPU (GPU 2)": 102.0, "ours 1 GPU (GPU 3)": 99.0,
+          "ours 2 GPUs Z1": 105.0, "ours 4 GPUs Z1": 108.0}
+    by_log = {bench_multi_gpu.log_name(name): name for name in runs}
+
+    def fake_run(cmd, log_path, tokens, run_env):
+        name = by_log[os.path.basename(log_path)]
+        return ms[name], tokens / (ms[name] / 1000), ms[name], 10.0
+
+    monkeypatch.setattr(bench_multi_gpu, "run", fake_run)
+    bench_multi_gpu.main(argv)
+    out = capsys.readouterr().out
+    assert "our scaling 1 -> 2 GPUs: Z1 0.952" in out, out
+    assert "our scaling 1 -> 2 GPUs against the slowest of GPUs 0-1 alone (GPU 0, 100.0 ms): Z1 0.952" in out
+    assert "our scaling 1 -> 4 GPUs against the slowest of GPUs 0-3 alone (GPU 2, 102.0 ms): Z1 0.944" in out
+    assert re.search(r"^ours 1 GPU \(GPU 3\) +99\.0 ", out, re.M)
+
+
 @pytest.mark.parametrize("argv,words", [
     (["--gpus", "1,2"], ["--gpus 1,2", "2 or more"]),
     (["--gpus", "two"], ["--gpus two", "comma-separated"]),
     (["--ours", "1,Z1,X"], ["'X'"]),
     (["--torch", "ddp,jax"], ["'jax'"]),
     (["--transport", "ib"], ["--transport", "'ib'"]),
+    (["--ours", "Z1", "--each_gpu"], ["--each_gpu", "--ours must hold 1"]),
 ])
 def test_bench_rejects(argv, words, capsys):
     with pytest.raises(SystemExit):
