@@ -93,6 +93,21 @@ def test_bench_socket_transport():
     assert bench_multi_gpu.env("default") == bench_multi_gpu.ENV
 
 
+def bench_output(argv, ms, monkeypatch, capsys):
+    """What bench_multi_gpu.main(argv) prints when each run named in `ms` takes that many ms a step (tok/s = tokens
+    per step / step) and every other run fails."""
+    by_log = {bench_multi_gpu.log_name(name): name for name, _, _, _ in
+              bench_multi_gpu.plan(bench_multi_gpu.parse_args(argv))}
+
+    def fake_run(cmd, log_path, tokens, run_env):
+        name = by_log[os.path.basename(log_path)]
+        return (ms[name], tokens / (ms[name] / 1000), ms[name], 10.0) if name in ms else None
+
+    monkeypatch.setattr(bench_multi_gpu, "run", fake_run)
+    bench_multi_gpu.main(argv)
+    return capsys.readouterr().out
+
+
 def test_bench_each_gpu(monkeypatch, capsys, tmp_path):
     """--each_gpu: our 1-GPU run on GPUs 1 to N-1 too, and the scaling against the slowest of the first n."""
     argv = ["--gpus", "2,4", "--ours", "1,Z1", "--torch", "none", "--each_gpu", "--train", "s", "--out", str(tmp_path)]
@@ -103,15 +118,7 @@ def test_bench_each_gpu(monkeypatch, capsys, tmp_path):
     assert runs["ours 1 GPU (GPU 2)"][2:] == runs["ours 1 GPU"]
     ms = {"ours 1 GPU": 100.0, "ours 1 GPU (GPU 1)": 98.0, "ours 1 GPU (GPU 2)": 102.0, "ours 1 GPU (GPU 3)": 99.0,
           "ours 2 GPUs Z1": 105.0, "ours 4 GPUs Z1": 108.0}
-    by_log = {bench_multi_gpu.log_name(name): name for name in runs}
-
-    def fake_run(cmd, log_path, tokens, run_env):
-        name = by_log[os.path.basename(log_path)]
-        return ms[name], tokens / (ms[name] / 1000), ms[name], 10.0
-
-    monkeypatch.setattr(bench_multi_gpu, "run", fake_run)
-    bench_multi_gpu.main(argv)
-    out = capsys.readouterr().out
+    out = bench_output(argv, ms, monkeypatch, capsys)
     assert "our scaling 1 -> 2 GPUs: Z1 0.952" in out, out
     assert "our scaling 1 -> 2 GPUs against the slowest of GPUs 0-1 alone (GPU 0, 100.0 ms): Z1 0.952" in out
     assert "our scaling 1 -> 4 GPUs against the slowest of GPUs 0-3 alone (GPU 2, 102.0 ms): Z1 0.944" in out
@@ -144,16 +151,7 @@ def test_bench_summary(monkeypatch, capsys, tmp_path):
           "ours 4 GPUs Z2": 112.0, "ours 4 GPUs Z1 -Q 0": 120.0, "torch 1 GPU": 150.0, "torch DDP 4 GPUs": 170.0,
           "torch FSDP2 4 GPUs": 160.0, "8B ours 4 GPUs bf16": 2000.0, "8B ours 4 GPUs fp8": 1500.0}
     argv = ["--gpus", "2,4", "--ours", "1,Z1,Z2,Q0", "--with_8b", "--train", "s", "--out", str(tmp_path)]
-    by_log = {bench_multi_gpu.log_name(name): name for name, _, _, _ in
-              bench_multi_gpu.plan(bench_multi_gpu.parse_args(argv))}
-
-    def fake_run(cmd, log_path, tokens, run_env):
-        name = by_log[os.path.basename(log_path)]
-        return (ms[name], tokens / (ms[name] / 1000), ms[name], 10.0) if name in ms else None
-
-    monkeypatch.setattr(bench_multi_gpu, "run", fake_run)
-    bench_multi_gpu.main(argv)
-    out = capsys.readouterr().out
+    out = bench_output(argv, ms, monkeypatch, capsys)
     assert "our scaling 1 -> 2 GPUs: Z1 0.952, Z2 0.909" in out, out
     assert "our scaling 1 -> 4 GPUs: Z1 0.926, Z2 0.893" in out
     assert "ours / PyTorch on 1 GPU: 1.500" in out
