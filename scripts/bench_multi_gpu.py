@@ -19,9 +19,9 @@ layer (-Q 0), the extra time over our 1-GPU step is the exposed reduction time, 
 --with_8b adds llama3.1-8B at T=8192, B=1 per GPU on the largest count: ours in BF16 with fp32 master weights and
 AdamW (-Z --stage_8b, -R 2) and in FP8 (-M fp8), and PyTorch FSDP2 with each layer's activations recomputed (it does
 not fit otherwise); a PyTorch run that fails (out of memory) is reported, not fatal.
---each_gpu runs our 1-GPU step on every GPU of the largest count, one at a time, and gives the scaling also
-against the slowest of them: the several-GPU step goes at its slowest GPU's pace, and GPU 0 (the plain 1-GPU run's)
-need not be the slowest (2 H200s of one host: 220.4 and 218.3 ms at the 1B).
+--each_gpu runs our 1-GPU step on every GPU of the largest count, one at a time, and gives the scaling (and with Q0
+the reduction's cost) also against the slowest of them: the several-GPU step goes at its slowest GPU's pace, and
+GPU 0 (the plain 1-GPU run's) need not be the slowest (2 H200s of one host: 220.4 and 218.3 ms at the 1B).
 --transport socket turns NCCL's peer-to-peer, shared-memory and InfiniBand transports off, so that every collective,
 ours and PyTorch's, goes through NCCL's socket transport, as between hosts without InfiniBand.
 
@@ -300,6 +300,11 @@ def main(argv=None):
         exposed, waited = many[0] - one[0], serial[0] - one[0]
         print(f"gradient reduction on {N} GPUs: {waited:.1f} ms per step not overlapped, {exposed:.1f} ms exposed "
               f"when overlapped: {100 * (1 - exposed / waited):.0f}% hidden")
+        if args.each_gpu:
+            alone = [one[0]] + [r[f"ours 1 GPU (GPU {k})"][0] for k in range(1, N)]
+            slowest = max(range(N), key=lambda k: alone[k])
+            print(f"against the slowest GPU alone (GPU {slowest}, {alone[slowest]:.1f} ms): "
+                  f"{serial[0] - alone[slowest]:.1f} ms not overlapped, {many[0] - alone[slowest]:.1f} ms exposed")
     if args.with_8b:
         bf16, fp8, big_fsdp = r[f"8B ours {N} GPUs bf16"], r[f"8B ours {N} GPUs fp8"], r[f"8B torch FSDP2 {N} GPUs"]
         line = f"llama3.1-8B T={BIG[2]} on {N} GPUs, tok/s per GPU: ours bf16 {bf16[1] / N:.0f}, fp8 {fp8[1] / N:.0f}"

@@ -125,6 +125,17 @@ def test_bench_each_gpu(monkeypatch, capsys, tmp_path):
     assert re.search(r"^ours 1 GPU \(GPU 3\) +99\.0 ", out, re.M)
 
 
+def test_bench_each_gpu_exposed_time(monkeypatch, capsys, tmp_path):
+    """--each_gpu with -Q 0: the exposed reduction time also against the slowest GPU alone, not only GPU 0."""
+    argv = ["--gpus", "2", "--ours", "1,Z1,Q0", "--torch", "none", "--each_gpu", "--train", "s", "--out",
+            str(tmp_path)]
+    ms = {"ours 1 GPU": 100.0, "ours 1 GPU (GPU 1)": 102.0, "ours 2 GPUs Z1": 105.0, "ours 2 GPUs Z1 -Q 0": 110.0}
+    out = bench_output(argv, ms, monkeypatch, capsys)
+    assert "gradient reduction on 2 GPUs: 10.0 ms per step not overlapped, 5.0 ms exposed when overlapped: 50% hidden" \
+        in out, out
+    assert "against the slowest GPU alone (GPU 1, 102.0 ms): 8.0 ms not overlapped, 3.0 ms exposed" in out
+
+
 @pytest.mark.parametrize("argv,words", [
     (["--gpus", "1,2"], ["--gpus 1,2", "2 or more"]),
     (["--gpus", "two"], ["--gpus two", "comma-separated"]),
