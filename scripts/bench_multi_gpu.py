@@ -225,6 +225,13 @@ def plan(args):
     return runs
 
 
+def slowest_alone(r, n):
+    """(GPU index, result) of the slowest of our 1-GPU runs on GPUs 0 to n-1 (--each_gpu)."""
+    alone = [r["ours 1 GPU"]] + [r[f"ours 1 GPU (GPU {k})"] for k in range(1, n)]
+    slowest = max(range(n), key=lambda k: alone[k][0])
+    return slowest, alone[slowest]
+
+
 def log_name(name):
     return "multi_" + re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") + ".log"
 
@@ -279,12 +286,10 @@ def main(argv=None):
             scaling = ", ".join(f"Z{z} {r[f'ours {n} GPUs Z{z}'][1] / (n * one[1]):.3f}" for z in our_stages(args))
             print(f"our scaling 1 -> {n} GPUs: {scaling} (from medians, Z1: {one[2] / r[f'ours {n} GPUs Z1'][2]:.3f})")
         if one is not None and args.each_gpu:
-            alone = [one] + [r[f"ours 1 GPU (GPU {k})"] for k in range(1, n)]
-            slowest = max(range(n), key=lambda k: alone[k][0])
-            scaling = ", ".join(f"Z{z} {r[f'ours {n} GPUs Z{z}'][1] / (n * alone[slowest][1]):.3f}"
-                                for z in our_stages(args))
+            slowest, alone = slowest_alone(r, n)
+            scaling = ", ".join(f"Z{z} {r[f'ours {n} GPUs Z{z}'][1] / (n * alone[1]):.3f}" for z in our_stages(args))
             print(f"our scaling 1 -> {n} GPUs against the slowest of GPUs 0-{n - 1} alone (GPU {slowest}, "
-                  f"{alone[slowest][0]:.1f} ms): {scaling}")
+                  f"{alone[0]:.1f} ms): {scaling}")
     many = r[f"ours {N} GPUs Z1"]
     if one is not None and torch_one is not None:
         print(f"ours / PyTorch on 1 GPU: {one[1] / torch_one[1]:.3f}")
@@ -301,10 +306,9 @@ def main(argv=None):
         print(f"gradient reduction on {N} GPUs: {waited:.1f} ms per step not overlapped, {exposed:.1f} ms exposed "
               f"when overlapped: {100 * (1 - exposed / waited):.0f}% hidden")
         if args.each_gpu:
-            alone = [one[0]] + [r[f"ours 1 GPU (GPU {k})"][0] for k in range(1, N)]
-            slowest = max(range(N), key=lambda k: alone[k])
-            print(f"against the slowest GPU alone (GPU {slowest}, {alone[slowest]:.1f} ms): "
-                  f"{serial[0] - alone[slowest]:.1f} ms not overlapped, {many[0] - alone[slowest]:.1f} ms exposed")
+            slowest, alone = slowest_alone(r, N)
+            print(f"against the slowest GPU alone (GPU {slowest}, {alone[0]:.1f} ms): "
+                  f"{serial[0] - alone[0]:.1f} ms not overlapped, {many[0] - alone[0]:.1f} ms exposed")
     if args.with_8b:
         bf16, fp8, big_fsdp = r[f"8B ours {N} GPUs bf16"], r[f"8B ours {N} GPUs fp8"], r[f"8B torch FSDP2 {N} GPUs"]
         line = f"llama3.1-8B T={BIG[2]} on {N} GPUs, tok/s per GPU: ours bf16 {bf16[1] / N:.0f}, fp8 {fp8[1] / N:.0f}"
