@@ -992,7 +992,7 @@ struct Options {
     const char* optimizer_state = "fp32";
     const char* matmul_precision = "bf16";  // of the layers' products: bf16 or fp8
     int fp8_min_dim = 1024;                 // -M fp8 only from this model width up
-    int zero_stage = 1, overlap_reduction = 1, collective_timeout = 600;
+    int zero_stage = 1, overlap_reduction = 1, copy_engines = 1, collective_timeout = 600;
 };
 
 static void usage(const Options& d) {
@@ -1056,6 +1056,9 @@ static void usage(const Options& d) {
            d.zero_stage);
     printf("  -Q <0|1>    overlap the gradient reduction with the backward and the weight gathers with the update and\n"
            "              the passes (default %d; 0 waits for each collective, to measure)\n", d.overlap_reduction);
+    printf("  -E <0|1>    copy engines for the collectives when all GPUs are on one host: the layers' gradient\n"
+           "              reductions (stages 1, 2) as peer copies, the weight gathers into NCCL windows (default %d;\n"
+           "              0: NCCL's SM kernels for all)\n", d.copy_engines);
     printf("  -T <int>    seconds to wait for a collective before declaring a rank lost and stopping all (default %d)\n",
            d.collective_timeout);
     printf("  -P <float>  peak TFLOP/s for MFU (default: from the GPU name; H100/H200 989 bf16)\n");
@@ -1152,6 +1155,7 @@ static Options parse_options(int argc, char** argv) {
             case 'p': o.profile = (int)parse_int(flag, val, 0, 1); break;
             case 'Z': o.zero_stage = (int)parse_int(flag, val, 0, 3); break;
             case 'Q': o.overlap_reduction = (int)parse_int(flag, val, 0, 1); break;
+            case 'E': o.copy_engines = (int)parse_int(flag, val, 0, 1); break;
             case 'T': o.collective_timeout = (int)parse_int(flag, val, 1, 1 << 30); break;
             case 'O':
                 if (strcmp(val, "fp32") != 0 && strcmp(val, "bf16") != 0) bad_flag(flag, val, "not fp32 or bf16");
@@ -1475,7 +1479,7 @@ int main(int argc, char** argv) {
     }
     cudaCheck(cudaSetDevice(mg.local_rank));
     g_multi_gpu.timeout_s = opt.collective_timeout;
-    multi_gpu_init_nccl();
+    multi_gpu_init_nccl(opt.copy_engines != 0);
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, mg.local_rank));
     if (fp8 && prop.major * 10 + prop.minor < 89) {
@@ -1549,6 +1553,9 @@ int main(int argc, char** argv) {
                "%s\n", model.grads.stage, model.optimizer.count, model.num_params,
                model.grads.overlap ? "overlapped with the backward (gathers: with the update and the passes)"
                                    : "not overlapped (-Q 0)", nccl_version().c_str());
+        printf("copy engines (-E): layers' reductions %s, weight gathers %s\n",
+               model.grads.peer_reduce.enabled ? "peer copies" : "NCCL kernels",
+               model.weights.params.windowed() ? "into NCCL windows" : "NCCL kernels");
         if (model.weights.stage == 3) {
             printf("ZeRO-3: weights per GPU %zu elements, gathered %zu (two layers, the vocabulary table, the final "
                    "norm)\n", model.weights.params.count, model.weights.gathered.count);

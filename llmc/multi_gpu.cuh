@@ -52,6 +52,7 @@
 #include "model.h"
 #include "cuda_common.h"
 #include "shard_layout.h"
+#include "peer_reduce.cuh"
 
 #if defined(USE_MPI)
 #include <cuda.h>          // the virtual memory API's types (CommBuffer)
@@ -76,8 +77,12 @@ constexpr ncclDataType_t NCCL_FLOATX = ncclBfloat16;
 
 // The processes of the run. One global, as the error path (fail_exit's hook) needs it too.
 struct MultiGpu {
-    int rank = 0, world = 1, local_rank = 0;
+    int rank = 0, world = 1, local_rank = 0, local_size = 1;
     int timeout_s = 600;  // a collective that takes longer means a peer is gone or stuck
+    // Copy engines (-E 1, every rank on this host and every GPU able to reach the others' memory): the layers'
+    // gradient reduce-scatters as peer copies (stages 1 and 2, PeerReduce); `weight_windows` (NCCL 2.28 or later
+    // also): the weights' buffers are symmetric windows, whose gathers NCCL then runs on the copy engines.
+    bool copy_engines = false, weight_windows = false;
 #if defined(USE_MPI)
     ncclComm_t comm = nullptr;
     bool mpi = false;
@@ -121,6 +126,7 @@ inline void multi_gpu_init(int* argc, char*** argv) {
     MPI_Comm local;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, mg.rank, MPI_INFO_NULL, &local);
     MPI_Comm_rank(local, &mg.local_rank);
+    MPI_Comm_size(local, &mg.local_size);
     MPI_Comm_free(&local);
     if (mg.world > 1) g_fail_hook = multi_gpu_abort_job;
 #else
@@ -136,15 +142,49 @@ inline void multi_gpu_init(int* argc, char*** argv) {
 #endif
 }
 
+#if defined(USE_MPI)
+// True on every rank when all ranks run on this host and each GPU can read and write every other's memory (and
+// NCCL_P2P_DISABLE does not ask for the network path instead); the same answer everywhere.
+inline bool every_gpu_reaches_every_other() {
+    MultiGpu& mg = g_multi_gpu;
+    int here = mg.local_size == mg.world ? 1 : 0;
+    const char* p2p_off = getenv("NCCL_P2P_DISABLE");
+    if (p2p_off != nullptr && atoi(p2p_off) != 0) here = 0;
+    int device = 0;
+    cudaCheck(cudaGetDevice(&device));
+    std::vector<int> devices(mg.world);
+    MPI_Allgather(&device, 1, MPI_INT, devices.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    for (int q = 0; q < mg.world && here; q++) {
+        int can = 1;
+        if (q != mg.rank) cudaCheck(cudaDeviceCanAccessPeer(&can, device, devices[q]));
+        if (!can) here = 0;
+    }
+    int everywhere = 0;
+    MPI_Allreduce(&here, &everywhere, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return everywhere != 0;
+}
+#endif
+
 // Every rank: the NCCL communicator (rank 0 makes the id, MPI broadcasts it). Call after cudaSetDevice.
-inline void multi_gpu_init_nccl() {
+// `copy_engines` (-E): use them where every GPU reaches the others (MultiGpu::copy_engines); with NCCL 2.28 or later
+// the communicator's CTA policy is then "zero", so gathers into symmetric windows run on the copy engines (the other
+// collectives keep their SM kernels and their sums).
+inline void multi_gpu_init_nccl(bool copy_engines) {
 #if defined(USE_MPI)
     MultiGpu& mg = g_multi_gpu;
     if (mg.world == 1) return;
+    mg.copy_engines = copy_engines && every_gpu_reaches_every_other();
+    int version = 0;
+    ncclCheck(ncclGetVersion(&version));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    mg.weight_windows = mg.copy_engines && version >= 22800;
+    if (mg.weight_windows) config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
     ncclUniqueId id;
     if (mg.rank == 0) ncclCheck(ncclGetUniqueId(&id));
     MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
-    ncclCheck(ncclCommInitRank(&mg.comm, mg.world, id, mg.rank));
+    ncclCheck(ncclCommInitRankConfig(&mg.comm, mg.world, id, mg.rank, &config));
+#else
+    (void)copy_engines;
 #endif
 }
 
@@ -234,14 +274,40 @@ inline const VirtualMemoryApi& virtual_memory_api() {
 }
 #endif
 
+// How a CommBuffer is registered with NCCL. `local`: ncclCommRegister, for the ring collectives over NVLink in place.
+// `window`: a symmetric window (ncclCommWindowRegister, collective over the ranks), into which NCCL 2.28 with the
+// "zero" CTA policy (multi_gpu_init_nccl) gathers on the copy engines instead of with SM kernels. Only the weights'
+// buffers are windows (MultiGpu::weight_windows): a gather only copies, while NCCL's symmetric reduce kernels sum in
+// another order than the ring (other bits, measured). On 2 H100s the windows took ZeRO-3's step from 238.33 to
+// 232.72 ms and from 237.08 to 232.37 (dev/NOTES.md, seventh session).
+enum class Registration { local, window };
+
 template <typename T>
 struct CommBuffer {
     T* ptr = nullptr;
     size_t count = 0;
     CommBuffer() = default;
-    explicit CommBuffer(size_t n) : count(n) {
+    explicit CommBuffer(size_t n, Registration how = Registration::local) : count(n) {
 #if defined(USE_MPI)
-        if (g_multi_gpu.comm != nullptr && n > 0 && map_and_register()) return;
+        if (g_multi_gpu.comm != nullptr && n > 0) {
+            const bool mapped_here = map_memory();
+            bool windowed = false;
+            if (how == Registration::window) {
+                // registering a window is collective: every rank registers one, or none does
+                int here = mapped_here ? 1 : 0, everywhere = 0;
+                MPI_Allreduce(&here, &everywhere, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+                if (everywhere) {
+                    windowed = ncclCommWindowRegister(g_multi_gpu.comm, ptr, mapped, &window,
+                                                      NCCL_WIN_COLL_SYMMETRIC) == ncclSuccess;
+                    if (!windowed) {
+                        window = nullptr;
+                        note("ncclCommWindowRegister failed; registered locally instead");
+                    }
+                }
+            }
+            if (mapped_here && !windowed) register_locally();
+            if (mapped_here) return;
+        }
 #endif
         cudaCheck(cudaMalloc(&ptr, bytes()));
     }
@@ -257,15 +323,21 @@ struct CommBuffer {
     }
     ~CommBuffer() { free_memory(); }
     size_t bytes() const { return count * sizeof(T); }
+#if defined(USE_MPI)
+    bool windowed() const { return window != nullptr; }
+#else
+    bool windowed() const { return false; }
+#endif
 
   private:
 #if defined(USE_MPI)
     CUmemGenericAllocationHandle memory = 0;  // 0: cudaMalloc memory
     size_t mapped = 0;                        // bytes reserved and mapped, a multiple of the granularity
     void* registration = nullptr;             // NCCL's handle; nullptr where it did not register
+    ncclWindow_t window = nullptr;            // the symmetric window (Registration::window), else nullptr
 
-    // The buffer from the virtual memory API, registered; false (nothing held) where that cannot be had.
-    bool map_and_register() {
+    // The buffer from the virtual memory API; false (nothing held) where that cannot be had.
+    bool map_memory() {
         const VirtualMemoryApi& vm = virtual_memory_api();
         if (!vm.usable()) return fall_back("the driver lacks the virtual memory API");
         int device = 0;
@@ -303,11 +375,14 @@ struct CommBuffer {
         ptr = reinterpret_cast<T*>(address);
         memory = handle;
         mapped = size;
+        return true;
+    }
+
+    void register_locally() {
         if (ncclCommRegister(g_multi_gpu.comm, ptr, mapped, &registration) != ncclSuccess) {
             registration = nullptr;  // the memory serves as it is, unregistered
             note("ncclCommRegister failed");
         }
-        return true;
     }
 
     static bool fall_back(const char* why) {
@@ -333,9 +408,11 @@ struct CommBuffer {
         memory = o.memory;
         mapped = o.mapped;
         registration = o.registration;
+        window = o.window;
         o.memory = 0;
         o.mapped = 0;
         o.registration = nullptr;
+        o.window = nullptr;
 #endif
     }
 
@@ -347,6 +424,9 @@ struct CommBuffer {
             if (registration != nullptr && g_multi_gpu.comm != nullptr) {
                 ncclCheck(ncclCommDeregister(g_multi_gpu.comm, registration));
             }
+            if (window != nullptr && g_multi_gpu.comm != nullptr) {
+                ncclCheck(ncclCommWindowDeregister(g_multi_gpu.comm, window));
+            }
             const VirtualMemoryApi& vm = virtual_memory_api();
             const CUdeviceptr address = reinterpret_cast<CUdeviceptr>(ptr);
             vm.unmap(address, mapped);
@@ -355,6 +435,7 @@ struct CommBuffer {
             ptr = nullptr;
             memory = 0;
             registration = nullptr;
+            window = nullptr;
             return;
         }
 #endif
@@ -543,6 +624,7 @@ struct Gradients {
     cudaEvent_t queued = nullptr, reduced = nullptr, slot_free[2] = {nullptr, nullptr}, table_free = nullptr;
     // The head tensors' slices, reduced last, and an untied lm_head's, reduced first (classifier_done).
     std::vector<int> last_slices, lm_head_slices;
+    PeerReduce peer_reduce;  // stages 1 and 2 with copy engines: the layers' reduce-scatters as peer copies
 
     bool sharded() const { return stage >= 1; }
     // Stages 2 and 3: `buffer` is only scratch (layer slots and the head), the summed gradients only a shard.
@@ -571,6 +653,15 @@ struct Gradients {
             for (cudaEvent_t* e : {&queued, &reduced, &slot_free[0], &slot_free[1], &table_free}) {
                 cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
             }
+#if defined(USE_MPI)
+            // Not at stage 3: there the weights' gathers hold the copy engines, and on 2 H100s its step with both
+            // was 0.5 ms slower than with the gathers alone on them (dev/NOTES.md, seventh session).
+            if (mg.copy_engines && (stage == 1 || stage == 2)) {
+                size_t layer_part = 0;
+                for (int i : shards.layer_slices[0]) layer_part += shards.part(shards.slices[i]);
+                peer_reduce.setup(mg.rank, mg.world, layer_part);
+            }
+#endif
         }
     }
 
@@ -608,7 +699,7 @@ struct Gradients {
     // Layer l's gradients are complete on `stream`: sums them over the ranks on comm_stream. `accumulate`: stages 2
     // and 3 add into `summed` instead of overwriting it (the micro-batches after a step's first).
     void layer_done(int l, bool accumulate, cudaStream_t stream) {
-        reduce(shards.layer_slices[l], layer(l), accumulate, slot_free[l % 2], stream);
+        reduce(shards.layer_slices[l], layer(l), accumulate, slot_free[l % 2], stream, true);
     }
 
     // Before the backward adds the embedding's gradient: stages 2 and 3 clear the table once an untied lm_head's
@@ -646,13 +737,21 @@ struct Gradients {
 
     // Sums the slices `indices` (held at their places in g) over the ranks on comm_stream, after what `stream` has
     // queued so far; `done` (optional) is recorded when they are finished.
+    // `layer`: a layer's slices, which go on the copy engines where peer_reduce is on. The head's stay NCCL's: the
+    // vocabulary table's would need an inbox 4.3 times a layer's at the 1B.
     void reduce(const std::vector<int>& indices, const ParamTensors<floatX>& g, bool accumulate, cudaEvent_t done,
-                cudaStream_t stream) {
+                cudaStream_t stream, bool layer = false) {
         std::vector<floatX*> src;
         for (int i : indices) src.push_back(g[shards.slices[i].tensor]);
         cudaCheck(cudaEventRecord(queued, stream));
         cudaCheck(cudaStreamWaitEvent(comm_stream, queued));
-        reduce_gradient_slices(shards, indices, src, stage, summed.ptr, accumulate, comm_stream);
+        if (layer && peer_reduce.enabled) {
+#if defined(USE_MPI)
+            peer_reduce.reduce_scatter(shards, indices, src, summed.ptr, accumulate, comm_stream);
+#endif
+        } else {
+            reduce_gradient_slices(shards, indices, src, stage, summed.ptr, accumulate, comm_stream);
+        }
         cudaCheck(cudaEventRecord(reduced, comm_stream));
         if (done != nullptr) cudaCheck(cudaEventRecord(done, comm_stream));
         if (!overlap) cudaCheck(cudaStreamWaitEvent(stream, reduced));
@@ -695,14 +794,16 @@ struct Weights {
         shards = &shard_layout;
         comm_stream = comm;
         slots = make_slot_layout(c);
-        params = CommBuffer<floatX>(stage == 3 ? shards->shard_size : param_layout(c).total);
+        const bool gathers = stage >= 1;
+        const Registration how = g_multi_gpu.weight_windows && gathers ? Registration::window : Registration::local;
+        params = CommBuffer<floatX>(stage == 3 ? shards->shard_size : param_layout(c).total, how);
         groups.assign(c.n_layers + 2, {});
         for (int i : shards->head_slices) {
             bool own_group = stage == 3 && shards->slices[i].tensor == LM_HEAD;
             groups[own_group ? c.n_layers + 1 : 0].push_back(i);
         }
         for (int l = 0; l < c.n_layers; l++) groups[l + 1] = shards->layer_slices[l];
-        if (stage == 3) gathered = CommBuffer<floatX>(slots.size());
+        if (stage == 3) gathered = CommBuffer<floatX>(slots.size(), how);
         if (stage >= 1) {
             cudaCheck(cudaEventCreateWithFlags(&queued, cudaEventDisableTiming));
             group_gathered.resize(groups.size());

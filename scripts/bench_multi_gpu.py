@@ -131,7 +131,8 @@ def parse_args(argv=None):
     parser.add_argument("--torch", default="single,ddp,fsdp", help="which PyTorch runs: single, ddp, fsdp, or none")
     parser.add_argument("--ours", default="1,Z1,Z0,Z2,Q0",
                         help="which of our runs: 1 (one GPU), Z<stage> (-Z <stage> on each count; Z1 always runs), "
-                             "Q0 (Z1 with -Q 0 on the largest count)")
+                             "Q0 (Z1 with -Q 0 on the largest count), E0 (Z1 with -E 0, NCCL's kernels for every "
+                             "collective, on the largest count)")
     parser.add_argument("--ours_flags", default="", help="trainer flags for every run of ours, e.g. '-M fp8'")
     parser.add_argument("--each_gpu", action="store_true",
                         help="our 1-GPU run on every GPU of the largest count, one at a time (CUDA_VISIBLE_DEVICES), "
@@ -154,8 +155,8 @@ def parse_args(argv=None):
     if args.counts[0] < 2:
         parser.error(f"--gpus {args.gpus}: each count must be 2 or more (our 1-GPU run is '1' in --ours)")
     for token in args.ours.split(","):
-        if token not in ("1", "Q0") and not re.fullmatch(r"Z\d", token):
-            parser.error(f"--ours: '{token}' is not 1, Z<stage> or Q0")
+        if token not in ("1", "Q0", "E0") and not re.fullmatch(r"Z\d", token):
+            parser.error(f"--ours: '{token}' is not 1, Z<stage>, Q0 or E0")
     if args.each_gpu and "1" not in args.ours.split(","):
         parser.error("--each_gpu repeats our 1-GPU run: --ours must hold 1")
     torch_modes = [] if args.torch == "none" else args.torch.split(",")
@@ -208,6 +209,9 @@ def plan(args):
                          True))
     if "Q0" in ours:
         runs.append((f"ours {N} GPUs Z1 -Q 0", ours_cmd(args, N, args.config, B, T, "-Z", "1", "-Q", "0"), B * T * N,
+                     True))
+    if "E0" in ours:
+        runs.append((f"ours {N} GPUs Z1 -E 0", ours_cmd(args, N, args.config, B, T, "-Z", "1", "-E", "0"), B * T * N,
                      True))
     if "single" in args.torch_modes:
         runs.append(("torch 1 GPU", torch_cmd(args, 1, "ddp", args.config, B, T), B * T, True))
@@ -309,6 +313,10 @@ def main(argv=None):
             slowest, alone = slowest_alone(r, N)
             print(f"against the slowest GPU alone (GPU {slowest}, {alone[0]:.1f} ms): "
                   f"{serial[0] - alone[0]:.1f} ms not overlapped, {many[0] - alone[0]:.1f} ms exposed")
+    kernels = r.get(f"ours {N} GPUs Z1 -E 0")
+    if kernels is not None:
+        print(f"copy engines on {N} GPUs (Z1): {many[0]:.1f} ms per step, {kernels[0]:.1f} ms with NCCL's kernels for "
+              f"every collective (-E 0)")
     if args.with_8b:
         bf16, fp8, big_fsdp = r[f"8B ours {N} GPUs bf16"], r[f"8B ours {N} GPUs fp8"], r[f"8B torch FSDP2 {N} GPUs"]
         line = f"llama3.1-8B T={BIG[2]} on {N} GPUs, tok/s per GPU: ours bf16 {bf16[1] / N:.0f}, fp8 {fp8[1] / N:.0f}"

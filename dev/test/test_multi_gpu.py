@@ -213,6 +213,35 @@ def test_zero3_tied_embedding_matches_zero1(build, shards, tmp_path):
     assert models["1"] == models["3"]
 
 
+def gpus_reach_each_other():
+    """nvidia-smi's peer-to-peer read matrix says GPU 0 and GPU 1 can read each other's memory."""
+    r = subprocess.run(["nvidia-smi", "topo", "-p2p", "r"], capture_output=True, text=True)
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("GPU")]
+    return r.returncode == 0 and len(rows) >= 3 and rows[1][2] == "OK" and rows[2][1] == "OK"
+
+
+@pytest.mark.parametrize("stage", ["1", "2", "3"])
+def test_copy_engines_give_the_kernels_bits(build, shards, tmp_path, stage):
+    """-E 1 (the default) moves the layers' reductions (stages 1, 2) onto peer copies and the weight gathers into
+    NCCL windows, both on the copy engines; -E 0 keeps NCCL's SM kernels for all. With 2 ranks every summed element
+    is a + b rounded once either way, and a gather only copies: the same losses and norms, with 2 micro-batches a
+    step (the accumulation into the gradient shard). Where GPU 0 and 1 reach each other the run says it uses them."""
+    results = {}
+    for engines in ("1", "0"):
+        r = run(mpirun(2, [build["BF16"], *train_args(shards, tmp_path / f"e{engines}", 6, "-Z", stage, "-E", engines,
+                                                     "-g", "4096")]))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "grad_accum 2" in r.stdout, r.stdout
+        results[engines] = raw_steps(r.stdout)
+        line = re.search(r"^copy engines \(-E\): .*$", r.stdout, re.M).group(0)
+        print(f"-E {engines}: {line}")
+        if engines == "0":
+            assert line.endswith("reductions NCCL kernels, weight gathers NCCL kernels"), line
+        elif gpus_reach_each_other():
+            assert ("peer copies" in line) == (stage != "3"), line
+    assert len(results["1"]) == 6 and results["1"] == results["0"], results
+
+
 @pytest.mark.parametrize("options", [(), ("-Q", "0", "-R", "0")])
 def test_zero3_eval_and_export_match_zero1(build, shards, tmp_path, options):
     """What the other ZeRO-3 cases leave out: the val forwards (every rank gathers the weights for them), the
@@ -417,9 +446,10 @@ def test_socket_transport_gives_the_same_losses(build, shards, tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         log = "".join(open(path).read() for path in glob.glob(nccl_log.replace("%p", "*")))
         tok_s = float(re.search(r"summary: .*?\| (\d+) tok/s", r.stdout).group(1))
-        results[name] = (raw_steps(r.stdout), tok_s, log)
+        results[name] = (raw_steps(r.stdout), tok_s, log, r.stdout)
         print(f"{name}: {tok_s:.0f} tok/s; " + "; ".join(sorted(set(re.findall(r"via (\S+)", log)))))
     assert "via NET/Socket" in results["socket"][2], results["socket"][2][-3000:]
+    assert "layers' reductions NCCL kernels" in results["socket"][3], results["socket"][3]
     assert "via NET/" not in results["default"][2]
     assert len(results["default"][0]) == 20
     assert results["socket"][0] == results["default"][0], (results["socket"][0], results["default"][0])

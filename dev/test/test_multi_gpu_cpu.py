@@ -136,6 +136,16 @@ def test_bench_each_gpu_exposed_time(monkeypatch, capsys, tmp_path):
     assert "against the slowest GPU alone (GPU 1, 102.0 ms): 8.0 ms not overlapped, 3.0 ms exposed" in out
 
 
+def test_bench_copy_engines_line(monkeypatch, capsys, tmp_path):
+    """E0 runs Z1 with -E 0 on the largest count and prints both step times."""
+    argv = ["--gpus", "2", "--ours", "1,Z1,E0", "--torch", "none", "--train", "s", "--out", str(tmp_path)]
+    ms = {"ours 1 GPU": 100.0, "ours 2 GPUs Z1": 103.0, "ours 2 GPUs Z1 -E 0": 104.5}
+    out = bench_output(argv, ms, monkeypatch, capsys)
+    assert "copy engines on 2 GPUs (Z1): 103.0 ms per step, 104.5 ms with NCCL's kernels for every collective" in out
+    cmds = [cmd for _, cmd, _, _ in bench_multi_gpu.plan(bench_multi_gpu.parse_args(argv))]
+    assert sum(" -E 0" in " ".join(cmd) for cmd in cmds) == 1, cmds
+
+
 @pytest.mark.parametrize("argv,words", [
     (["--gpus", "1,2"], ["--gpus 1,2", "2 or more"]),
     (["--gpus", "two"], ["--gpus two", "comma-separated"]),

@@ -487,6 +487,7 @@ BAD_FLAGS = {
     "not a number": (["-l", "fast"], ["-l", "not a number"]),
     "M not bf16 or fp8": (["-M", "fp4"], ["-M", "'fp4'", "not bf16 or fp8"]),
     "Z past 3": (["-Z", "4"], ["-Z", "'4'", "[0, 3]"]),
+    "E not 0 or 1": (["-E", "2"], ["-E", "'2'", "[0, 1]"]),
     "Z 3 on one GPU": (["-Z", "3"], ["-Z", "'3'", "several GPUs", "drop -Z 3"]),
     "no model": (["-e", ""], ["-e", "-c"]),
     "model is a directory": (["-e", "/"], ["'/'", "is a directory", "config.json"]),
