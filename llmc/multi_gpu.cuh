@@ -31,11 +31,19 @@
 // NCCL operations of one communicator must be queued in the same order on every rank, which one stream and the same
 // program give (NCCL also runs them one after another, whatever their streams).
 //
+// Copy engines (-E 1, where every rank is on one host and each GPU reaches the others' memory): NCCL's collectives
+// are SM kernels, and the products beside them lose the SMs they hold. So at stages 1 and 2 each layer's
+// reduce-scatter is peer copies plus a small sum kernel (PeerReduce, llmc/peer_reduce.cuh), and the weights' buffers
+// are NCCL symmetric windows, which NCCL 2.28 with the "zero" CTA policy gathers on the copy engines. The head's
+// reductions stay NCCL's, and so do stage 3's (beside its gathers the peer copies measured slower).
+//
 // Determinism: the same ranks, flags and seed give bit-identical results (NCCL's reduction order is fixed for a
 // given communicator; every sum here has one fixed order). Stage 1 updates each element exactly as stage 0 does:
 // the sum of N values does not depend on the collective, and the optimizer draws its stochastic-rounding bits by
 // the element's index within its tensor (llmc/adamw.cuh index_offset). Stage 3 reduces and updates as stage 2 does
-// and computes on gathered copies of the same weights, so its results are stage 2's bit for bit.
+// and computes on gathered copies of the same weights, so its results are stage 2's bit for bit. With the peer
+// copies on more than 2 GPUs, stages 1 and 2 sum each element in rank order and NCCL (stages 0 and 3) in its ring's
+// order: other last bits, each run still deterministic.
 //
 // Errors: any rank that stops (a bad file, out of memory, a CUDA or NCCL error) goes through fail_exit, which here
 // aborts the whole MPI job, so no rank waits forever on a peer that is gone. A rank whose collectives do not finish
