@@ -33,12 +33,14 @@
 #include "cuda_common.h"
 #include "shard_layout.h"
 
-// out[i] = sum over the ranks of part q's element i (parts[q]), rounded to floatX once; with `accumulate`,
-// out[i] += that rounded sum (two roundings, as a reduce-scatter in place followed by shard_accumulate).
+// Where each rank's part of a slice is: the rank's own gradients, or its inbox.
 template <int MAX_RANKS>
 struct PartPointers {
     const floatX* p[MAX_RANKS];
 };
+
+// out[i] = sum over the ranks of part q's element i (parts[q]), in rank order in fp32, rounded to floatX once; with
+// `accumulate`, out[i] += that rounded sum (two roundings, as a reduce-scatter in place then shard_accumulate).
 
 template <int MAX_RANKS>
 __global__ void sum_parts_kernel(floatX* out, PartPointers<MAX_RANKS> parts, int world, size_t n, bool accumulate) {
@@ -48,6 +50,17 @@ __global__ void sum_parts_kernel(floatX* out, PartPointers<MAX_RANKS> parts, int
         floatX rounded = from_float<floatX>(sum);
         out[i] = accumulate ? from_float<floatX>(to_float(out[i]) + to_float(rounded)) : rounded;
     }
+}
+
+// sum_parts_kernel over n elements of `world` parts, on `stream`: a grid-stride loop over at most 1056 blocks (8 per
+// SM of an H100). Checked in dev/cuda/peer_reduce.cu.
+template <int MAX_RANKS>
+inline void sum_parts(floatX* out, const PartPointers<MAX_RANKS>& parts, int world, size_t n, bool accumulate,
+                      cudaStream_t stream) {
+    const size_t blocks = ceil_div<size_t>(n, 512);
+    sum_parts_kernel<MAX_RANKS><<<(unsigned)(blocks < 1056 ? blocks : 1056), 512, 0, stream>>>(out, parts, world, n,
+                                                                                                 accumulate);
+    cudaCheckLaunch();
 }
 
 struct PeerReduce {
@@ -149,10 +162,7 @@ struct PeerReduce {
                 parts.p[q] = q == rank ? src[i] + (size_t)rank * part
                                        : inbox + ((size_t)slot * (world - 1) + sender_index(q, rank)) * capacity + at[i];
             }
-            size_t blocks = ceil_div<size_t>(part, 512);
-            sum_parts_kernel<MAX_RANKS><<<(unsigned)(blocks < 1056 ? blocks : 1056), 512, 0, stream>>>(
-                grad_shard + s.shard_offset(slice), parts, world, part, accumulate);
-            cudaCheckLaunch();
+            sum_parts(grad_shard + s.shard_offset(slice), parts, world, part, accumulate, stream);
         }
         for (int p = 0; p < world; p++) {
             if (p != rank) write_value(cu_stream, address(peer_flags[p] + world + rank), k);  // consumed[rank] at p
