@@ -663,7 +663,7 @@ struct Gradients {
             }
 #if defined(USE_MPI)
             // Not at stage 3: there the weights' gathers hold the copy engines, and on 2 H100s its step with both
-            // was 0.5 ms slower than with the gathers alone on them (dev/NOTES.md, seventh session).
+            // was 0.61 and 0.49 ms slower than with the gathers alone on them (dev/NOTES.md, seventh session).
             if (mg.copy_engines && (stage == 1 || stage == 2)) {
                 size_t layer_part = 0;
                 for (int i : shards.layer_slices[0]) layer_part += shards.part(shards.slices[i]);
@@ -802,8 +802,8 @@ struct Weights {
         shards = &shard_layout;
         comm_stream = comm;
         slots = make_slot_layout(c);
-        const bool gathers = stage >= 1;
-        const Registration how = g_multi_gpu.weight_windows && gathers ? Registration::window : Registration::local;
+        // stage 0 gathers no weights: nothing to run on the copy engines
+        const Registration how = g_multi_gpu.weight_windows && stage >= 1 ? Registration::window : Registration::local;
         params = CommBuffer<floatX>(stage == 3 ? shards->shard_size : param_layout(c).total, how);
         groups.assign(c.n_layers + 2, {});
         for (int i : shards->head_slices) {

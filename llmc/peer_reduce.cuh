@@ -41,7 +41,6 @@ struct PartPointers {
 
 // out[i] = sum over the ranks of part q's element i (parts[q]), in rank order in fp32, rounded to floatX once; with
 // `accumulate`, out[i] += that rounded sum (two roundings, as a reduce-scatter in place then shard_accumulate).
-
 template <int MAX_RANKS>
 __global__ void sum_parts_kernel(floatX* out, PartPointers<MAX_RANKS> parts, int world, size_t n, bool accumulate) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -66,6 +65,10 @@ inline void sum_parts(floatX* out, const PartPointers<MAX_RANKS>& parts, int wor
 struct PeerReduce {
     static constexpr int MAX_RANKS = 8;
     bool enabled = false;
+
+    PeerReduce() = default;
+    PeerReduce(const PeerReduce&) = delete;
+    PeerReduce& operator=(const PeerReduce&) = delete;
 
 #if defined(USE_MPI)
     // Sets up the inboxes and flags; every rank calls it, once every GPU can reach the others' memory
@@ -105,9 +108,6 @@ struct PeerReduce {
         MPI_Barrier(MPI_COMM_WORLD);  // every rank's flags are zero and mapped before any message
         enabled = true;
     }
-    PeerReduce() = default;
-    PeerReduce(const PeerReduce&) = delete;
-    PeerReduce& operator=(const PeerReduce&) = delete;
     ~PeerReduce() {
         if (!enabled) return;
         for (int q = 0; q < world; q++) {
