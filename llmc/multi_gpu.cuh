@@ -453,8 +453,10 @@ struct CommBuffer {
 };
 
 // Polls query() (cudaStreamQuery or cudaEventQuery) until the work it asks about is done, giving up on a collective
-// that never finishes: after timeout_s it aborts the NCCL communicator and the job, naming this rank. Without a
-// communicator it returns at once (the caller's plain synchronize then waits).
+// that never finishes: after timeout_s it names this rank and aborts the job through MPI, whose launcher kills every
+// rank. Not through ncclCommAbort first: with the copy engines (-E 1) the stuck work can be a stream waiting on a
+// stopped peer's flag, which no NCCL abort releases, and ncclCommAbort then spun for good (5 of 8 runs with a rank
+// frozen by SIGSTOP, 2026-11-26). Without a communicator it returns at once (the caller's plain synchronize waits).
 template <typename Query>
 inline void wait_for_collectives(Query query) {
 #if defined(USE_MPI)
@@ -471,9 +473,7 @@ inline void wait_for_collectives(Query query) {
             double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             if (waited > mg.timeout_s) {
                 fprintf(stderr, "Error: [rank %d of %d] collectives did not finish within %d s (-T): another rank "
-                                "stopped answering; aborting NCCL and the job\n", mg.rank, mg.world, mg.timeout_s);
-                ncclCommAbort(mg.comm);
-                mg.comm = nullptr;
+                                "stopped answering; aborting the job\n", mg.rank, mg.world, mg.timeout_s);
                 fail_exit();
             }
             std::this_thread::sleep_for(std::chrono::microseconds(waited < 1.0 ? 20 : 1000));
