@@ -3,14 +3,18 @@
 //
 //   out[i] = round(p_0[i] + p_1[i] + ... + p_{N-1}[i])            (accumulate: out[i] = round(out[i] + that))
 //
-// version 1 = llmc/peer_reduce.cuh's sum_parts. Checks, bit for bit against the CPU's sums in the same order: 2, 3, 4
-// and 8 parts; lengths of 1, 1000 and past the grid's threads (the grid-stride loop); a fresh output (poisoned) and
-// an output accumulated into (random, not zeros). The copies and flags between processes are checked by
-// dev/test/test_multi_gpu.py (-E 1 against -E 0, bit for bit), as they need several GPUs.
+// version 1 = llmc/peer_reduce.cuh's sum_parts. Checks, each version bit for bit against the CPU's sums in the same
+// order: 2, 3, 4 and 8 parts; lengths of 1, 1000 and past the grid's threads (the grid-stride loop); a fresh output
+// (poisoned) and an output accumulated into (random, not zeros); parts that are not 16-byte aligned. The copies and
+// flags between processes are checked by dev/test/test_multi_gpu.py (-E 1 against -E 0, bit for bit), as they need
+// several GPUs.
 // Timing: one layer's part of the 1B on 2 GPUs (half of 60,821,504 elements), two parts read, one written.
 //
 // version 1, H100 80GB HBM3 (2026-11-26): bf16 0.1418 ms (1286.8 GB/s), accumulated 0.2074 ms (1173.1 GB/s); fp32
 // 0.1581 ms (2307.6 GB/s), 0.2152 ms (2260.7 GB/s). bf16 is bound by its 2-byte loads: at fp32's rate, 0.08 ms.
+// version 2: 16-byte loads and stores (VEC16 elements a thread) where every part and the output are 16-byte aligned,
+// the last n % VEC16 elements one a thread; a misaligned call goes to version 1. The same sums, so the same bits.
+// Built, not yet run on a GPU. Floor at ~3 TB/s: 0.06 ms for the bf16 sum of 2 parts.
 //
 // build: make -C dev/cuda bin/peer_reduce   run: dev/cuda/bin/peer_reduce
 #include "common.h"
@@ -20,15 +24,71 @@ constexpr int MAX_PARTS = PeerReduce::MAX_RANKS;
 
 static float round_floatX(float x) { return round_to_floatX({x})[0]; }
 
-static void test_case(int world, size_t n, bool accumulate, uint64_t seed) {
-    printf("%d parts of %zu elements%s\n", world, n, accumulate ? ", accumulated into the output" : "");
+// ------------------------------------------------------------------------------------------------------- version 2
+template <int VEC>
+__global__ void sum_parts_kernel_v2(floatX* out, PartPointers<MAX_PARTS> parts, int world, size_t n,
+                                    bool accumulate) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (size_t i = first * VEC; i + VEC <= n; i += stride * VEC) {
+        float sum[VEC], part[VEC];
+        load_as_float<VEC>(sum, parts.p[0] + i);
+        for (int q = 1; q < world; q++) {
+            load_as_float<VEC>(part, parts.p[q] + i);
+            for (int j = 0; j < VEC; j++) sum[j] += part[j];
+        }
+        if (accumulate) {
+            float before[VEC];
+            load_as_float<VEC>(before, out + i);
+            for (int j = 0; j < VEC; j++) sum[j] = before[j] + to_float(from_float<floatX>(sum[j]));
+        }
+        store_from_float<VEC>(out + i, sum);
+    }
+    const size_t tail = n - n % VEC;  // the ragged end, one element a thread
+    if (first < n - tail) {
+        size_t i = tail + first;
+        float sum = to_float(parts.p[0][i]);
+        for (int q = 1; q < world; q++) sum += to_float(parts.p[q][i]);
+        floatX rounded = from_float<floatX>(sum);
+        out[i] = accumulate ? from_float<floatX>(to_float(out[i]) + to_float(rounded)) : rounded;
+    }
+}
+
+static bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+
+static void sum_parts_v2(floatX* out, const PartPointers<MAX_PARTS>& parts, int world, size_t n, bool accumulate,
+                         cudaStream_t stream) {
+    bool vec = aligned16(out);
+    for (int q = 0; q < world; q++) vec = vec && aligned16(parts.p[q]);
+    if (!vec) {
+        sum_parts(out, parts, world, n, accumulate, stream);
+        return;
+    }
+    const size_t blocks = ceil_div<size_t>(ceil_div<size_t>(n, VEC16), 512);
+    sum_parts_kernel_v2<VEC16><<<(unsigned)(blocks < 1056 ? blocks : 1056), 512, 0, stream>>>(out, parts, world, n,
+                                                                                             accumulate);
+    cudaCheckLaunch();
+}
+
+using SumParts = void (*)(floatX*, const PartPointers<MAX_PARTS>&, int, size_t, bool, cudaStream_t);
+static void sum_parts_v1(floatX* out, const PartPointers<MAX_PARTS>& parts, int world, size_t n, bool accumulate,
+                         cudaStream_t stream) {
+    sum_parts(out, parts, world, n, accumulate, stream);
+}
+
+// `shift`: the parts start that many elements into their buffers (1: not 16-byte aligned, version 2's fallback).
+static void test_case(const char* name, SumParts sum, int world, size_t n, bool accumulate, size_t shift,
+                      uint64_t seed) {
+    printf("%s: %d parts of %zu elements%s%s\n", name, world, n, accumulate ? ", accumulated into the output" : "",
+           shift ? ", misaligned" : "");
     std::vector<std::vector<float>> parts(world);
     PartPointers<MAX_PARTS> d_parts = {};
     std::vector<floatX*> owned(world);
     for (int q = 0; q < world; q++) {
-        parts[q] = round_to_floatX(random_floats(n, seed + q, 1.0f));
-        owned[q] = device_from_host<floatX>(parts[q]);
-        d_parts.p[q] = owned[q];
+        std::vector<float> padded = round_to_floatX(random_floats(n + shift, seed + q, 1.0f));
+        parts[q].assign(padded.begin() + shift, padded.end());
+        owned[q] = device_from_host<floatX>(padded);
+        d_parts.p[q] = owned[q] + shift;
     }
     std::vector<float> before = round_to_floatX(random_floats(n, seed + 100, 1.0f));
     std::vector<float> ref(n);
@@ -39,7 +99,7 @@ static void test_case(int world, size_t n, bool accumulate, uint64_t seed) {
     }
     floatX* d_out = device_from_host<floatX>(before);
     if (!accumulate) poison(d_out, n * sizeof(floatX));
-    sum_parts(d_out, d_parts, world, n, accumulate, 0);
+    sum(d_out, d_parts, world, n, accumulate, 0);
     cudaCheck(cudaDeviceSynchronize());
     validate("sum, bit for bit", host_from_device(d_out, n), ref, 0.0);
     for (floatX* d : owned) cudaCheck(cudaFree(d));
@@ -49,12 +109,17 @@ static void test_case(int world, size_t n, bool accumulate, uint64_t seed) {
 int main(int argc, char** argv) {
     (void)argc;
     require_gpu(argv[0]);
-    const size_t past_grid = 1056 * 512 * 3 + 17;  // three turns of the grid-stride loop and a ragged end
+    const size_t past_grid = (size_t)1056 * 512 * VEC16 * 2 + 17;  // two turns of version 2's loop, a ragged end
     uint64_t seed = 1;
-    for (int world : {2, 3, 4, 8}) {
-        for (size_t n : {(size_t)1, (size_t)1000, past_grid}) {
-            for (bool accumulate : {false, true}) test_case(world, n, accumulate, seed += 10);
+    const struct { const char* name; SumParts sum; } versions[] = {{"version 1", sum_parts_v1},
+                                                                    {"version 2", sum_parts_v2}};
+    for (const auto& v : versions) {
+        for (int world : {2, 3, 4, 8}) {
+            for (size_t n : {(size_t)1, (size_t)1000, past_grid}) {
+                for (bool accumulate : {false, true}) test_case(v.name, v.sum, world, n, accumulate, 0, seed += 10);
+            }
         }
+        for (bool accumulate : {false, true}) test_case(v.name, v.sum, 2, past_grid, accumulate, 1, seed += 10);
     }
 
     const size_t part = 60821504 / 2;  // llama3.2-1B: a layer's 60,821,504 weights, one rank's half
@@ -65,10 +130,13 @@ int main(int argc, char** argv) {
     PartPointers<MAX_PARTS> two = {};
     two.p[0] = d_a;
     two.p[1] = d_b;
-    float ms = benchmark_ms(20, [&] { sum_parts(d_out, two, 2, part, false, 0); });
-    report_bandwidth("sum of 2 parts", ms, 3.0 * part * sizeof(floatX));
-    ms = benchmark_ms(20, [&] { sum_parts(d_out, two, 2, part, true, 0); });
-    report_bandwidth("sum of 2, accumulated", ms, 4.0 * part * sizeof(floatX));
+    for (const auto& v : versions) {
+        printf("%s\n", v.name);
+        float ms = benchmark_ms(20, [&] { v.sum(d_out, two, 2, part, false, 0); });
+        report_bandwidth("sum of 2 parts", ms, 3.0 * part * sizeof(floatX));
+        ms = benchmark_ms(20, [&] { v.sum(d_out, two, 2, part, true, 0); });
+        report_bandwidth("sum of 2, accumulated", ms, 4.0 * part * sizeof(floatX));
+    }
     cudaCheck(cudaFree(d_a));
     cudaCheck(cudaFree(d_b));
     cudaCheck(cudaFree(d_out));
