@@ -492,7 +492,8 @@ struct Llama3 {
         const Fp8Copies& fc = fp8_forward_copies;
         host_inputs.assign(inputs, inputs + N);
         int* staged = host_batch.ptr + (size_t)upload_slot * 2 * B * T;
-        cudaCheck(cudaEventSynchronize(batch_uploaded[upload_slot]));  // the copy from this slot two calls ago
+        // the copy from this slot two calls ago; with accumulation it may sit behind a reduction: wait with the timeout
+        event_sync(batch_uploaded[upload_slot]);
         memcpy(staged, inputs, N * sizeof(int));
         cudaCheck(cudaMemcpyAsync(a.inputs.ptr, staged, N * sizeof(int), cudaMemcpyHostToDevice, stream));
         if (targets) {
