@@ -41,9 +41,29 @@ struct PartPointers {
 
 // out[i] = sum over the ranks of part q's element i (parts[q]), in rank order in fp32, rounded to floatX once; with
 // `accumulate`, out[i] += that rounded sum (two roundings, as a reduce-scatter in place then shard_accumulate).
-template <int MAX_RANKS>
+// VEC elements a thread (VEC16: one 16-byte access a part, every pointer 16-byte aligned); the last n % VEC elements
+// one a thread.
+template <int MAX_RANKS, int VEC>
 __global__ void sum_parts_kernel(floatX* out, PartPointers<MAX_RANKS> parts, int world, size_t n, bool accumulate) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (size_t i = first * VEC; i + VEC <= n; i += stride * VEC) {
+        float sum[VEC], part[VEC];
+        load_as_float<VEC>(sum, parts.p[0] + i);
+        for (int q = 1; q < world; q++) {
+            load_as_float<VEC>(part, parts.p[q] + i);
+            for (int j = 0; j < VEC; j++) sum[j] += part[j];
+        }
+        if (accumulate) {
+            float before[VEC];
+            load_as_float<VEC>(before, out + i);
+            for (int j = 0; j < VEC; j++) sum[j] = before[j] + to_float(from_float<floatX>(sum[j]));
+        }
+        store_from_float<VEC>(out + i, sum);
+    }
+    const size_t tail = n - n % VEC;
+    if (first < n - tail) {
+        const size_t i = tail + first;
         float sum = to_float(parts.p[0][i]);
         for (int q = 1; q < world; q++) sum += to_float(parts.p[q][i]);
         floatX rounded = from_float<floatX>(sum);
@@ -52,13 +72,17 @@ __global__ void sum_parts_kernel(floatX* out, PartPointers<MAX_RANKS> parts, int
 }
 
 // sum_parts_kernel over n elements of `world` parts, on `stream`: a grid-stride loop over at most 1056 blocks (8 per
-// SM of an H100). Checked in dev/cuda/peer_reduce.cu.
+// SM of an H100), 16-byte accesses where every part and the output allow them. Checked in dev/cuda/peer_reduce.cu.
 template <int MAX_RANKS>
 inline void sum_parts(floatX* out, const PartPointers<MAX_RANKS>& parts, int world, size_t n, bool accumulate,
                       cudaStream_t stream) {
-    const size_t blocks = ceil_div<size_t>(n, 512);
-    sum_parts_kernel<MAX_RANKS><<<(unsigned)(blocks < 1056 ? blocks : 1056), 512, 0, stream>>>(out, parts, world, n,
-                                                                                                 accumulate);
+    uintptr_t bits = reinterpret_cast<uintptr_t>(out);
+    for (int q = 0; q < world; q++) bits |= reinterpret_cast<uintptr_t>(parts.p[q]);
+    const bool vec = (bits & 15) == 0;
+    const size_t blocks = ceil_div<size_t>(ceil_div<size_t>(n, vec ? VEC16 : 1), 512);
+    const unsigned grid = (unsigned)(blocks < 1056 ? blocks : 1056);
+    if (vec) sum_parts_kernel<MAX_RANKS, VEC16><<<grid, 512, 0, stream>>>(out, parts, world, n, accumulate);
+    else sum_parts_kernel<MAX_RANKS, 1><<<grid, 512, 0, stream>>>(out, parts, world, n, accumulate);
     cudaCheckLaunch();
 }
 

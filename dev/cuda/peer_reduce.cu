@@ -3,7 +3,7 @@
 //
 //   out[i] = round(p_0[i] + p_1[i] + ... + p_{N-1}[i])            (accumulate: out[i] = round(out[i] + that))
 //
-// version 1 = llmc/peer_reduce.cuh's sum_parts. Checks, each version bit for bit against the CPU's sums in the same
+// version 2 = llmc/peer_reduce.cuh's sum_parts. Checks, each version bit for bit against the CPU's sums in the same
 // order: 2, 3, 4 and 8 parts; lengths of 1, 1000 and past the grid's threads (the grid-stride loop); a fresh output
 // (poisoned) and an output accumulated into (random, not zeros); parts that are not 16-byte aligned. The copies and
 // flags between processes are checked by dev/test/test_multi_gpu.py (-E 1 against -E 0, bit for bit), as they need
@@ -13,8 +13,12 @@
 // version 1, H100 80GB HBM3 (2026-11-26): bf16 0.1418 ms (1286.8 GB/s), accumulated 0.2074 ms (1173.1 GB/s); fp32
 // 0.1581 ms (2307.6 GB/s), 0.2152 ms (2260.7 GB/s). bf16 is bound by its 2-byte loads: at fp32's rate, 0.08 ms.
 // version 2: 16-byte loads and stores (VEC16 elements a thread) where every part and the output are 16-byte aligned,
-// the last n % VEC16 elements one a thread; a misaligned call goes to version 1. The same sums, so the same bits.
-// Built, not yet run on a GPU. Floor at ~3 TB/s: 0.06 ms for the bf16 sum of 2 parts.
+// the last n % VEC16 elements one a thread; a misaligned call goes to version 1's loop. The same sums, so the same
+// bits. H100 80GB HBM3 (2026-11-26): bf16 0.0844 ms (2163.1 GB/s), accumulated 0.1051 ms (2315.1 GB/s); fp32 0.1469 ms
+// (2483.5 GB/s), 0.1887 ms (2578.5 GB/s); version 1 in the same run 0.1413, 0.2078, 0.1556, 0.2130 ms. Floor at
+// ~3 TB/s: 0.06 ms for the bf16 sum of 2 parts. In the trainer (1B, 2 H100s, -Z 1 and -Z 2, alternated, 2 rounds):
+// the same losses as version 1; mean step 0.12 to 0.92 ms shorter in each pair (226 to 231 ms, about the spread
+// between runs).
 //
 // build: make -C dev/cuda bin/peer_reduce   run: dev/cuda/bin/peer_reduce
 #include "common.h"
@@ -24,29 +28,10 @@ constexpr int MAX_PARTS = PeerReduce::MAX_RANKS;
 
 static float round_floatX(float x) { return round_to_floatX({x})[0]; }
 
-// ------------------------------------------------------------------------------------------------------- version 2
-template <int VEC>
-__global__ void sum_parts_kernel_v2(floatX* out, PartPointers<MAX_PARTS> parts, int world, size_t n,
-                                    bool accumulate) {
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    for (size_t i = first * VEC; i + VEC <= n; i += stride * VEC) {
-        float sum[VEC], part[VEC];
-        load_as_float<VEC>(sum, parts.p[0] + i);
-        for (int q = 1; q < world; q++) {
-            load_as_float<VEC>(part, parts.p[q] + i);
-            for (int j = 0; j < VEC; j++) sum[j] += part[j];
-        }
-        if (accumulate) {
-            float before[VEC];
-            load_as_float<VEC>(before, out + i);
-            for (int j = 0; j < VEC; j++) sum[j] = before[j] + to_float(from_float<floatX>(sum[j]));
-        }
-        store_from_float<VEC>(out + i, sum);
-    }
-    const size_t tail = n - n % VEC;  // the ragged end, one element a thread
-    if (first < n - tail) {
-        size_t i = tail + first;
+// ------------------------------------------------------------------------------------------------------- version 1
+// One element a thread in a grid-stride loop: 2-byte loads in bf16.
+__global__ void sum_parts_kernel_v1(floatX* out, PartPointers<MAX_PARTS> parts, int world, size_t n, bool accumulate) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float sum = to_float(parts.p[0][i]);
         for (int q = 1; q < world; q++) sum += to_float(parts.p[q][i]);
         floatX rounded = from_float<floatX>(sum);
@@ -54,17 +39,11 @@ __global__ void sum_parts_kernel_v2(floatX* out, PartPointers<MAX_PARTS> parts, 
     }
 }
 
-static void sum_parts_v2(floatX* out, const PartPointers<MAX_PARTS>& parts, int world, size_t n, bool accumulate,
+static void sum_parts_v1(floatX* out, const PartPointers<MAX_PARTS>& parts, int world, size_t n, bool accumulate,
                          cudaStream_t stream) {
-    uintptr_t bits = reinterpret_cast<uintptr_t>(out);
-    for (int q = 0; q < world; q++) bits |= reinterpret_cast<uintptr_t>(parts.p[q]);
-    if ((bits & 15) != 0) {
-        sum_parts(out, parts, world, n, accumulate, stream);
-        return;
-    }
-    const size_t blocks = ceil_div<size_t>(ceil_div<size_t>(n, VEC16), 512);
-    sum_parts_kernel_v2<VEC16><<<(unsigned)(blocks < 1056 ? blocks : 1056), 512, 0, stream>>>(out, parts, world, n,
-                                                                                             accumulate);
+    const size_t blocks = ceil_div<size_t>(n, 512);
+    sum_parts_kernel_v1<<<(unsigned)(blocks < 1056 ? blocks : 1056), 512, 0, stream>>>(out, parts, world, n,
+                                                                                      accumulate);
     cudaCheckLaunch();
 }
 
@@ -105,8 +84,8 @@ int main(int argc, char** argv) {
     require_gpu(argv[0]);
     const size_t past_grid = (size_t)1056 * 512 * VEC16 * 2 + 17;  // two turns of version 2's loop, a ragged end
     uint64_t seed = 1;
-    const struct { const char* name; SumParts sum; } versions[] = {{"version 1", sum_parts<MAX_PARTS>},
-                                                                    {"version 2", sum_parts_v2}};
+    const struct { const char* name; SumParts sum; } versions[] = {{"version 1", sum_parts_v1},
+                                                                    {"version 2", sum_parts<MAX_PARTS>}};
     for (const auto& v : versions) {
         for (int world : {2, 3, 4, 8}) {
             for (size_t n : {(size_t)1, (size_t)1000, past_grid}) {
